@@ -1,0 +1,1 @@
+"""jaxscaffold: RL for long-horizon LLM agents in JAX."""

@@ -1,0 +1,121 @@
+"""Grouped-query attention with three interchangeable implementations.
+
+- `xla`: plain einsums + softmax in f32; runs on every backend and is the reference.
+- `cudnn`: `jax.nn.dot_product_attention(implementation="cudnn")`, cuDNN flash attention on
+  NVIDIA GPUs (bf16 / f16 only).
+- `splash`: the Pallas splash-attention kernel on TPU (causal + segment ids, sequence
+  lengths padded to the kernel's block size). No KV cache: prefill and training only.
+
+Masks are built from two per-token arrays, so one convention covers right padding, left
+padding, packing and KV caches:
+  segment_ids: 0 marks padding; a query attends only to keys of its own non-zero segment;
+  key_idx <= query_idx: causality, by position in the (cache + new tokens) buffer.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_MASKED = -0.7 * float(np.finfo(np.float32).max)  # finite: fully masked rows stay NaN-free
+
+
+def attention_mask(q_segment_BT, kv_segment_BS, q_index_BT, kv_index_S):
+    """Boolean mask_BTS: same non-padding segment and causal by buffer index."""
+    same = (q_segment_BT[:, :, None] == kv_segment_BS[:, None, :]) & (kv_segment_BS[:, None, :] != 0)
+    causal = kv_index_S[None, None, :] <= q_index_BT[:, :, None]
+    return same & causal
+
+
+def xla_attention(q_BTHK, k_BSGK, v_BSGK, mask_BTS):
+    """Reference GQA attention; scores and softmax in f32."""
+    b, t, h, d = q_BTHK.shape
+    g = k_BSGK.shape[2]
+    q = q_BTHK.reshape(b, t, g, h // g, d)
+    scores = jnp.einsum("btgrd,bsgd->bgrts", q, k_BSGK, preferred_element_type=jnp.float32)
+    scores = scores * (d ** -0.5)
+    scores = jnp.where(mask_BTS[:, None, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BSGK.dtype)
+    out = jnp.einsum("bgrts,bsgd->btgrd", probs, v_BSGK, preferred_element_type=jnp.float32)
+    return out.reshape(b, t, h, d).astype(q_BTHK.dtype)
+
+
+def cudnn_attention(q_BTHK, k_BSGK, v_BSGK, mask_BTS):
+    """cuDNN flash attention through `jax.nn.dot_product_attention` (GPU, bf16/f16)."""
+    return jax.nn.dot_product_attention(
+        q_BTHK, k_BSGK, v_BSGK, mask=mask_BTS[:, None], implementation="cudnn")
+
+
+SPLASH_BLOCK = 128
+
+
+def splash_attention(q_BTHK, k_BTGK, v_BTGK, segment_ids_BT, *, interpret: bool = False):
+    """Pallas splash attention (TPU): causal self-attention within segments, no cache.
+
+    Sequences are padded up to a multiple of the kernel block with segment id 0. GQA runs
+    as one MQA kernel per kv head. `interpret=True` runs the kernel on CPU for tests.
+    """
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    b, t, h, d = q_BTHK.shape
+    g = k_BTGK.shape[2]
+    pad = (-t) % SPLASH_BLOCK
+    tp = t + pad
+
+    def pad_seq(x):
+        return jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+
+    q = pad_seq(q_BTHK * (d ** -0.5)).reshape(b, tp, g, h // g, d).transpose(0, 2, 3, 1, 4)
+    k = pad_seq(k_BTGK).transpose(0, 2, 1, 3)  # [B, G, T, K]
+    v = pad_seq(v_BTGK).transpose(0, 2, 1, 3)
+    seg = pad_seq(segment_ids_BT)
+    # Padded keys get segment id 0 and real queries never attend to them; padded queries
+    # attend to the padded keys only, which keeps every softmax row non-empty.
+    mask = sm.MultiHeadMask([sm.CausalMask((tp, tp))] * (h // g))
+    block = min(SPLASH_BLOCK, tp)
+    sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                          block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+                          block_q_dq=block, block_kv_dq=block)
+    kernel = sk.make_splash_mqa_single_device(mask, block_sizes=sizes, interpret=interpret)
+
+    def one_row(q_GRTK, k_GTK, v_GTK, seg_T):
+        ids = sk.SegmentIds(q=seg_T, kv=seg_T)
+        return jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=ids))(q_GRTK, k_GTK, v_GTK)
+
+    out = jax.vmap(one_row)(q, k, v, seg)  # [B, G, R, T, K]
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, tp, h, d)[:, :t].astype(q_BTHK.dtype)
+
+
+def resolve_impl(impl: str, compute_dtype: str) -> str:
+    """Turns "auto" into the best implementation for the default backend and dtype."""
+    if impl != "auto":
+        return impl
+    backend = jax.default_backend()
+    if backend == "gpu" and jnp.dtype(compute_dtype).itemsize == 2:
+        return "cudnn"
+    if backend == "tpu" and jax.device_count() == 1:
+        # Under a multi-device mesh a Pallas call needs shard_map; XLA partitions itself.
+        return "splash"
+    return "xla"
+
+
+@functools.partial(jax.named_call, name="attention")
+def attend(impl: str, q_BTHK, k_BSGK, v_BSGK, *, q_segment_BT, kv_segment_BS, q_index_BT,
+           kv_index_S, self_attention: bool):
+    """Dispatches to an implementation. `self_attention` means keys are exactly the queries'
+    own tokens (no cache), the only case splash supports."""
+    if impl == "splash":
+        if not self_attention:
+            impl = "xla"
+        else:
+            return splash_attention(q_BTHK, k_BSGK, v_BSGK, q_segment_BT)
+    mask = attention_mask(q_segment_BT, kv_segment_BS, q_index_BT, kv_index_S)
+    if impl == "cudnn":
+        return cudnn_attention(q_BTHK, k_BSGK, v_BSGK, mask)
+    if impl == "xla":
+        return xla_attention(q_BTHK, k_BSGK, v_BSGK, mask)
+    raise ValueError(f"unknown attention implementation {impl!r} (xla, cudnn, splash, auto)")

@@ -1,0 +1,116 @@
+"""Qwen3 model configuration: a static, hashable dataclass plus presets.
+
+The config is a jit-static argument (it decides shapes and code paths), so it is a frozen
+dataclass of plain Python values. Dtypes are stored as strings to stay hashable and
+printable; `param_dtype` is what the weights are stored in (f32 master weights for
+training), `compute_dtype` what the matmuls run in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import jax.numpy as jnp
+
+AttentionImpl = Literal["auto", "xla", "cudnn", "splash"]
+RematPolicy = Literal["none", "full", "save_dots"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3Config:
+    """Architecture and execution options of a Qwen3 dense decoder (or embedder)."""
+
+    vocab_size: int = 151936
+    hidden_size: int = 1024
+    intermediate_size: int = 3072
+    num_layers: int = 28
+    num_heads: int = 16
+    num_kv_heads: int = 8
+    head_dim: int = 128  # independent of hidden_size / num_heads in released models
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    max_position_embeddings: int = 40960
+    # An embedding model (Qwen3-Embedding) has no lm_head; HF calls it `Qwen3Model`.
+    is_embedding: bool = False
+    # Execution options (not part of the architecture).
+    param_dtype: str = "float32"
+    compute_dtype: str = "float32"
+    attention_impl: AttentionImpl = "auto"
+    remat_policy: RematPolicy = "none"
+    scan_layers: bool = False  # lax.scan over layers keeps compile time flat in depth
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+            )
+        for field in ("param_dtype", "compute_dtype"):
+            jnp.dtype(getattr(self, field))  # fails early on a typo
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def has_lm_head(self) -> bool:
+        """Whether a separate `lm_head` matrix exists (untied causal LM)."""
+        return not self.is_embedding and not self.tie_word_embeddings
+
+    def replace(self, **changes) -> "Qwen3Config":
+        return dataclasses.replace(self, **changes)
+
+    def num_params(self) -> int:
+        d, f = self.hidden_size, self.intermediate_size
+        per_layer = 2 * d * (self.q_dim + self.kv_dim) + 3 * d * f + 2 * d + 2 * self.head_dim
+        head = self.vocab_size * d if self.has_lm_head else 0
+        return self.vocab_size * d + self.num_layers * per_layer + d + head
+
+
+def _preset(hidden, inter, layers, heads, kv, tied, **kw) -> Qwen3Config:
+    return Qwen3Config(
+        hidden_size=hidden, intermediate_size=inter, num_layers=layers, num_heads=heads,
+        num_kv_heads=kv, tie_word_embeddings=tied, **kw,
+    )
+
+
+# Sizes from the released checkpoints' config.json files.
+PRESETS: dict[str, Qwen3Config] = {
+    "qwen3-0.6b": _preset(1024, 3072, 28, 16, 8, True),
+    "qwen3-1.7b": _preset(2048, 6144, 28, 16, 8, True),
+    "qwen3-4b": _preset(2560, 9728, 36, 32, 8, True),
+    "qwen3-8b": _preset(4096, 12288, 36, 32, 8, False),
+    "qwen3-14b": _preset(5120, 17408, 40, 40, 8, False),
+    "qwen3-32b": _preset(5120, 25600, 64, 64, 8, False),
+    "qwen3-embedding-0.6b": _preset(
+        1024, 3072, 28, 16, 8, True, is_embedding=True, vocab_size=151669,
+        max_position_embeddings=32768),
+    "qwen3-embedding-4b": _preset(
+        2560, 9728, 36, 32, 8, True, is_embedding=True, vocab_size=151665,
+        max_position_embeddings=40960),
+    "qwen3-embedding-8b": _preset(
+        4096, 12288, 36, 32, 8, False, is_embedding=True, vocab_size=151665,
+        max_position_embeddings=40960),
+}
+
+
+def preset(name: str, **overrides) -> Qwen3Config:
+    """A released model's architecture by name (case-insensitive), with optional overrides."""
+    key = name.lower()
+    if key not in PRESETS:
+        raise KeyError(f"unknown Qwen3 preset {name!r}; known: {', '.join(PRESETS)}")
+    return PRESETS[key].replace(**overrides)
+
+
+def tiny(**overrides) -> Qwen3Config:
+    """A tiny random-weight config for tests and the CPU demo (Qwen3 vocabulary)."""
+    base = Qwen3Config(
+        vocab_size=151936, hidden_size=64, intermediate_size=192, num_layers=2,
+        num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True,
+    )
+    return base.replace(**overrides)

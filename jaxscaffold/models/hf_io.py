@@ -1,0 +1,329 @@
+"""Hugging Face checkpoints in and out: `load_pretrained` and `save_pretrained`.
+
+Loading streams each parameter straight onto its target sharding: the callback given to
+`jax.make_array_from_callback` reads, for one device shard, only the rows of the HF tensors
+that shard needs, so the host never holds more than about one tensor beyond what the
+devices already own, and on a multi-host pod each process reads only its own shards.
+Saving fetches one layer's tensor at a time and writes it straight into the file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import SingleDeviceSharding
+
+from jaxscaffold.models import safetensors_io as st
+from jaxscaffold.models.config import Qwen3Config
+from jaxscaffold.models.qwen3 import param_shapes, param_shardings
+from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules, check_divisible
+
+log = logging.getLogger(__name__)
+
+MAX_SHARD_BYTES = 5 * 1024**3
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json", "tokenizer.model",
+)
+# Qwen3's own token ids, written to generation_config.json.
+BOS_ID, EOS_IDS, PAD_ID = 151643, (151645, 151643), 151643
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be loaded; the message names the problem."""
+
+
+# ----------------------------------------------------------------------------- config.json
+
+
+def config_from_hf(hf: dict, source: str = "config.json", **overrides) -> Qwen3Config:
+    """Our config from an HF config.json dict (transformers 4.x or 5.x form)."""
+    model_type = hf.get("model_type")
+    if model_type != "qwen3":
+        arch = ", ".join(hf.get("architectures") or []) or "none given"
+        raise CheckpointError(
+            f"{source}: unsupported architecture model_type={model_type!r} ({arch}); "
+            "jaxscaffold loads Qwen3 dense models (model_type 'qwen3')")
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise CheckpointError(f"{source}: unsupported RoPE scaling {rope_type!r} (only 'default')")
+    theta = rope.get("rope_theta", hf.get("rope_theta", 1_000_000.0))
+    for key, ok in (("hidden_act", "silu"), ("attention_bias", False), ("use_sliding_window", False)):
+        if hf.get(key, ok) != ok:
+            raise CheckpointError(f"{source}: unsupported {key}={hf[key]!r} (expected {ok!r})")
+    archs = hf.get("architectures") or ["Qwen3ForCausalLM"]
+    try:
+        fields = dict(
+            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
+            num_heads=hf["num_attention_heads"],
+            num_kv_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]),
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+            rope_theta=float(theta), rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            tie_word_embeddings=hf.get("tie_word_embeddings", False),
+            max_position_embeddings=hf.get("max_position_embeddings", 40960),
+            is_embedding=archs[0] == "Qwen3Model",
+        )
+    except KeyError as e:
+        raise CheckpointError(f"{source}: missing field {e.args[0]!r}") from None
+    fields.update(overrides)
+    return Qwen3Config(**fields)
+
+
+def config_to_hf(config: Qwen3Config, dtype: str) -> dict:
+    """An HF config.json dict readable by transformers 4.x and 5.x."""
+    c = config
+    torch_dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}[dtype]
+    return {
+        "architectures": ["Qwen3Model" if c.is_embedding else "Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim, "hidden_act": "silu",
+        "max_position_embeddings": c.max_position_embeddings, "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,  # transformers 4.x
+        "rope_parameters": {"rope_theta": c.rope_theta, "rope_type": "default"},  # 5.x
+        "rope_scaling": None, "tie_word_embeddings": c.tie_word_embeddings,
+        "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": False,
+        "sliding_window": None, "max_window_layers": c.num_layers, "initializer_range": 0.02,
+        "use_cache": True, "bos_token_id": BOS_ID, "eos_token_id": EOS_IDS[0],
+        "torch_dtype": torch_dtype, "dtype": torch_dtype,
+    }
+
+
+# ----------------------------------------------------------------------------- name mapping
+
+
+@dataclass(frozen=True)
+class _Param:
+    """How one of our parameters is made of HF tensors."""
+
+    path: tuple[str, ...]  # key path in our params dict
+    hf_name: str  # HF tensor name, with `{i}` for the layer index when stacked
+    transpose: bool  # ours = hf.T (torch Linear weights are [out, in])
+    stacked: bool
+
+
+_LAYER_PARAMS = (
+    ("attn_norm", "input_layernorm.weight", False),
+    ("q", "self_attn.q_proj.weight", True),
+    ("k", "self_attn.k_proj.weight", True),
+    ("v", "self_attn.v_proj.weight", True),
+    ("o", "self_attn.o_proj.weight", True),
+    ("q_norm", "self_attn.q_norm.weight", False),
+    ("k_norm", "self_attn.k_norm.weight", False),
+    ("mlp_norm", "post_attention_layernorm.weight", False),
+    ("gate", "mlp.gate_proj.weight", True),
+    ("up", "mlp.up_proj.weight", True),
+    ("down", "mlp.down_proj.weight", True),
+)
+
+
+def _param_map(config: Qwen3Config) -> list[_Param]:
+    # HF's Qwen3Model (the embedder) has no "model." prefix.
+    p = "" if config.is_embedding else "model."
+    out = [_Param(("embed",), p + "embed_tokens.weight", False, False)]
+    out += [_Param(("layers", ours), p + "layers.{i}." + hf, t, True) for ours, hf, t in _LAYER_PARAMS]
+    out.append(_Param(("final_norm",), p + "norm.weight", False, False))
+    if config.has_lm_head:
+        out.append(_Param(("lm_head",), "lm_head.weight", True, False))
+    return out
+
+
+def _get(tree, path):
+    for k in path:
+        tree = tree[k]
+    return tree
+
+
+def _set(tree, path, value):
+    for k in path[:-1]:
+        tree = tree.setdefault(k, {})
+    tree[path[-1]] = value
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def _tensor_index(directory: str) -> dict[str, st.TensorInfo]:
+    index_path = os.path.join(directory, "model.safetensors.index.json")
+    single = os.path.join(directory, "model.safetensors")
+    if os.path.exists(index_path):
+        with open(index_path) as f:
+            weight_map = json.load(f)["weight_map"]
+        files = sorted(set(weight_map.values()))
+    elif os.path.exists(single):
+        files = ["model.safetensors"]
+    else:
+        found = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+        if not found:
+            raise CheckpointError(f"{directory}: no model.safetensors or model.safetensors.index.json")
+        files = found
+    infos: dict[str, st.TensorInfo] = {}
+    for name in files:
+        path = os.path.join(directory, name)
+        if not os.path.exists(path):
+            raise CheckpointError(f"{directory}: shard {name} named in the index is missing")
+        infos.update(st.read_header(path))
+    return infos
+
+
+def _read_block(info: st.TensorInfo, transpose: bool, index: tuple[slice, ...]) -> np.ndarray:
+    """Our-layout block `index` of one HF tensor, reading only the HF rows it needs."""
+    if transpose:  # ours[a, b] = hf[b, a]
+        a, b = index
+        start, stop, _ = b.indices(info.shape[0])
+        return st.read_rows(info, start, stop)[:, a].T
+    first = index[0].indices(info.shape[0]) if info.shape else (0, 1, 1)
+    block = st.read_rows(info, first[0], first[1])
+    return block[(slice(None),) + tuple(index[1:])] if len(index) > 1 else block
+
+
+def load_pretrained(path: str, *, dtype: str = "float32", mesh=None,
+                    rules: ShardingRules = DEFAULT_RULES, **config_overrides: Any):
+    """Loads a local HF Qwen3 directory as `(config, params)`.
+
+    Args:
+      path: a directory with config.json and safetensors weights (single file or sharded
+        with `model.safetensors.index.json`).
+      dtype: parameter dtype on device (`config.param_dtype`).
+      mesh: place parameters on this mesh under `rules`; default: the first device.
+      config_overrides: execution options for the config (compute_dtype, scan_layers, ...).
+    """
+    if not os.path.isdir(path):
+        raise CheckpointError(f"checkpoint directory not found: {path}")
+    config_path = os.path.join(path, "config.json")
+    if not os.path.exists(config_path):
+        raise CheckpointError(f"{path}: no config.json")
+    with open(config_path) as f:
+        hf_config = json.load(f)
+    infos = _tensor_index(path)
+    overrides = dict(param_dtype=dtype, **config_overrides)
+    if "is_embedding" not in overrides and "model.embed_tokens.weight" not in infos and "embed_tokens.weight" in infos:
+        overrides["is_embedding"] = True  # a Qwen3Model checkpoint saved without the prefix
+    config = config_from_hf(hf_config, source=config_path, **overrides)
+
+    shapes = param_shapes(config)
+    if mesh is None:
+        shardings = jax.tree.map(lambda _: SingleDeviceSharding(jax.devices()[0]), shapes)
+    else:
+        shardings = param_shardings(config, mesh, rules)
+    used, params = set(), {}
+    for p in _param_map(config):
+        target: jax.ShapeDtypeStruct = _get(shapes, p.path)
+        sharding = _get(shardings, p.path)
+        names = [p.hf_name.format(i=i) for i in range(config.num_layers)] if p.stacked else [p.hf_name]
+        layer_shape = target.shape[1:] if p.stacked else target.shape
+        hf_shape = tuple(reversed(layer_shape)) if p.transpose else tuple(layer_shape)
+        for name in names:
+            if name not in infos:
+                raise CheckpointError(f"{path}: missing tensor {name}")
+            if infos[name].shape != hf_shape:
+                raise CheckpointError(
+                    f"{path}: tensor {name} has shape {list(infos[name].shape)}, "
+                    f"config.json implies {list(hf_shape)}")
+        used.update(names)
+        if mesh is not None:
+            check_divisible(target.shape, sharding, "/".join(p.path))
+        np_dtype = np.dtype(jnp.dtype(dtype))
+
+        def callback(index, p=p, names=names, np_dtype=np_dtype):
+            if p.stacked:
+                layers = range(len(names))[index[0]]
+                return np.stack([_read_block(infos[names[i]], p.transpose, index[1:]).astype(np_dtype)
+                                 for i in layers])
+            return _read_block(infos[names[0]], p.transpose, index).astype(np_dtype)
+
+        _set(params, p.path, jax.make_array_from_callback(target.shape, sharding, callback))
+    unused = sorted(set(infos) - used - {"lm_head.weight"})
+    if unused:
+        log.warning("%s: %d tensors not used by the model, e.g. %s", path, len(unused), unused[:3])
+    return config, params
+
+
+# ----------------------------------------------------------------------------- saving
+
+
+def _host(x) -> np.ndarray:
+    if jax.process_count() > 1 and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+        x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(jax.device_get(x))
+
+
+def save_pretrained(path: str, config: Qwen3Config, params: dict, tokenizer_dir: str | None = None,
+                    *, dtype: str | None = None, max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
+    """Writes an HF directory loadable by `transformers.AutoModelForCausalLM.from_pretrained`
+    (`AutoModel` for an embedding model, in the `Qwen3Model` layout).
+
+    Tensors are fetched and written one at a time, into safetensors shards of at most
+    `max_shard_bytes` (with an index when there are several). `dtype` defaults to the
+    parameters' dtype. On multi-host every process must call it; process 0 writes.
+    """
+    dtype = dtype or config.param_dtype
+    np_dtype = np.dtype(jnp.dtype(dtype))
+    specs = []
+    for p in _param_map(config):
+        arr = _get(params, p.path)
+        layer_shape = arr.shape[1:] if p.stacked else arr.shape
+        shape = tuple(reversed(layer_shape)) if p.transpose else tuple(layer_shape)
+        for i in range(config.num_layers if p.stacked else 1):
+            def produce(arr=arr, i=i, p=p):
+                x = _host(arr[i] if p.stacked else arr)
+                return x.T if p.transpose else x
+            specs.append(st.TensorSpec(p.hf_name.format(i=i), shape, np_dtype, produce))
+
+    shards, current, size = [], [], 0
+    for s in specs:
+        if current and size + s.nbytes > max_shard_bytes:
+            shards.append(current)
+            current, size = [], 0
+        current.append(s)
+        size += s.nbytes
+    shards.append(current)
+
+    writer = jax.process_index() == 0
+    if writer:
+        os.makedirs(path, exist_ok=True)
+    if len(shards) == 1:
+        names = ["model.safetensors"]
+    else:
+        names = [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
+    for name, shard in zip(names, shards):
+        if writer:
+            st.write_file(os.path.join(path, name), shard)
+        else:  # still take part in the collective gathers
+            for s in shard:
+                s.produce()
+    if not writer:
+        return
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(s.nbytes for s in specs)},
+                 "weight_map": {s.name: n for n, shard in zip(names, shards) for s in shard}}
+        _write_json(os.path.join(path, "model.safetensors.index.json"), index)
+    _write_json(os.path.join(path, "config.json"), config_to_hf(config, dtype))
+    _write_json(os.path.join(path, "generation_config.json"),
+                {"bos_token_id": BOS_ID, "eos_token_id": list(EOS_IDS), "pad_token_id": PAD_ID})
+    if tokenizer_dir is not None:
+        if not os.path.isdir(tokenizer_dir):
+            raise CheckpointError(f"tokenizer directory not found: {tokenizer_dir}")
+        for fname in TOKENIZER_FILES:
+            src = os.path.join(tokenizer_dir, fname)
+            if os.path.exists(src):
+                shutil.copyfile(src, os.path.join(path, fname))
+
+
+def _write_json(path: str, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")

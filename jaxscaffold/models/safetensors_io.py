@@ -1,0 +1,131 @@
+"""Streaming safetensors reading and writing without a full host copy of a checkpoint.
+
+The format is an 8-byte little-endian header length, a JSON header mapping tensor names to
+`{dtype, shape, data_offsets}`, then the raw bytes. We read row ranges of one tensor with
+`os.pread` (no mmap: touched mmap pages would count towards resident memory for as long as
+the file stays mapped), and write tensors one at a time. Our own reader also gives bf16 and
+fp8 as `ml_dtypes`, which the `safetensors` numpy backend cannot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import ml_dtypes
+import numpy as np
+
+DTYPES = {
+    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16), "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2), "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32), "I16": np.dtype(np.int16), "I8": np.dtype(np.int8),
+    "U8": np.dtype(np.uint8), "BOOL": np.dtype(np.bool_),
+}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+class SafetensorsError(ValueError):
+    """A malformed or inconsistent safetensors file."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    path: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    offset: int  # absolute byte offset of the data in the file
+    nbytes: int
+
+
+def read_header(path: str) -> dict[str, TensorInfo]:
+    """Name -> TensorInfo for every tensor of one .safetensors file."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise SafetensorsError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+        (n,) = struct.unpack("<Q", raw)
+        size = os.fstat(f.fileno()).st_size
+        if n > size - 8:
+            raise SafetensorsError(f"{path}: header length {n} exceeds the file size {size}")
+        try:
+            header = json.loads(f.read(n))
+        except json.JSONDecodeError as e:
+            raise SafetensorsError(f"{path}: unreadable safetensors header ({e})") from None
+    infos = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        if meta["dtype"] not in DTYPES:
+            raise SafetensorsError(f"{path}: tensor {name} has unsupported dtype {meta['dtype']}")
+        begin, end = meta["data_offsets"]
+        info = TensorInfo(path, DTYPES[meta["dtype"]], tuple(meta["shape"]), 8 + n + begin, end - begin)
+        expected = int(np.prod(info.shape, dtype=np.int64)) * info.dtype.itemsize
+        if expected != info.nbytes or 8 + n + end > size:
+            raise SafetensorsError(f"{path}: tensor {name} has inconsistent offsets (file truncated?)")
+        infos[name] = info
+    return infos
+
+
+def read_rows(info: TensorInfo, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """Rows [start, stop) of a tensor's first axis, read with one pread (no mmap)."""
+    shape = info.shape
+    if not shape:
+        start, stop, rows = 0, 1, 1
+    else:
+        stop = shape[0] if stop is None else stop
+        rows = stop - start
+    row_bytes = info.dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64)) if shape else info.dtype.itemsize
+    fd = os.open(info.path, os.O_RDONLY)
+    try:
+        buf = bytearray(rows * row_bytes)
+        view, got = memoryview(buf), 0
+        while got < len(buf):
+            n = os.preadv(fd, [view[got:]], info.offset + start * row_bytes + got)
+            if n == 0:
+                raise SafetensorsError(f"{info.path}: unexpected end of file")
+            got += n
+    finally:
+        os.close(fd)
+    arr = np.frombuffer(buf, dtype=info.dtype)
+    return arr.reshape((rows,) + shape[1:]) if shape else arr.reshape(())
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor to write: `produce()` returns its host array when its turn comes."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    produce: Callable[[], np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+def write_file(path: str, tensors: Iterable[TensorSpec], metadata: dict | None = None) -> None:
+    """Writes tensors one at a time (only one is on the host at once), atomically."""
+    tensors = list(tensors)
+    header, offset = {}, 0
+    for t in tensors:
+        header[t.name] = {"dtype": DTYPE_NAMES[np.dtype(t.dtype)], "shape": list(t.shape),
+                          "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    header["__metadata__"] = {"format": "pt", **(metadata or {})}
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * ((-len(blob)) % 8)  # data starts 8-byte aligned, as the reference writer does
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for t in tensors:
+            arr = np.ascontiguousarray(np.asarray(t.produce()).astype(t.dtype, copy=False))
+            if arr.shape != tuple(t.shape):
+                raise SafetensorsError(f"{t.name}: produced shape {arr.shape}, declared {t.shape}")
+            arr.tofile(f)
+    os.replace(tmp, path)

@@ -1,0 +1,161 @@
+"""HF checkpoint round trips and the errors for unloadable checkpoints."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModel, AutoModelForCausalLM
+
+from jaxscaffold.models import hf_io, qwen3
+from jaxscaffold.models.hf_io import CheckpointError
+from tests.models.hf_reference import hf_logits, make_hf_model
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_round_trip_is_bitwise_in_f32(tmp_path, tied):
+    model = make_hf_model(tied=tied)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    model.save_pretrained(src)
+    config, params = hf_io.load_pretrained(str(src))
+    hf_io.save_pretrained(str(dst), config, params)
+    reloaded = AutoModelForCausalLM.from_pretrained(dst, dtype=torch.float32).eval()
+    tokens = np.random.RandomState(0).randint(0, config.vocab_size, (2, 13))
+    np.testing.assert_array_equal(hf_logits(reloaded, tokens), hf_logits(model, tokens))
+    for name, p in model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], p), name
+
+
+def test_sharded_safetensors_with_index_both_directions(tmp_path):
+    model = make_hf_model(layers=3)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    model.save_pretrained(src, max_shard_size="100KB")  # transformers writes several shards
+    assert (src / "model.safetensors.index.json").exists()
+    config, params = hf_io.load_pretrained(str(src))
+    hf_io.save_pretrained(str(dst), config, params, max_shard_bytes=100_000)
+    index = json.loads((dst / "model.safetensors.index.json").read_text())
+    files = set(index["weight_map"].values())
+    assert len(files) > 1 and all((dst / f).stat().st_size <= 100_000 + 4096 for f in files)
+    reloaded = AutoModelForCausalLM.from_pretrained(dst, dtype=torch.float32).eval()
+    tokens = np.random.RandomState(1).randint(0, config.vocab_size, (1, 5))
+    np.testing.assert_array_equal(hf_logits(reloaded, tokens), hf_logits(model, tokens))
+
+
+def test_bf16_checkpoint_loads_and_saves_in_bf16(tmp_path):
+    model = make_hf_model(dtype=torch.bfloat16)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    model.save_pretrained(src)
+    config, params = hf_io.load_pretrained(str(src), dtype="bfloat16")
+    assert params["layers"]["q"].dtype == jnp.bfloat16
+    hf_io.save_pretrained(str(dst), config, params)
+    reloaded = AutoModelForCausalLM.from_pretrained(dst).eval()
+    assert reloaded.dtype == torch.bfloat16
+    for name, p in model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], p), name
+
+
+def test_transformers_4x_and_5x_config_forms(tmp_path):
+    model = make_hf_model()
+    model.save_pretrained(tmp_path)
+    cfg_path = tmp_path / "config.json"
+    hf = json.loads(cfg_path.read_text())
+    theta = 10000.0
+    four = {k: v for k, v in hf.items() if k != "rope_parameters"} | {"rope_theta": theta}
+    five = {k: v for k, v in hf.items() if k != "rope_theta"} | {"rope_parameters": {"rope_type": "default", "rope_theta": theta}}
+    for form in (four, five):
+        cfg_path.write_text(json.dumps(form))
+        config, _ = hf_io.load_pretrained(str(tmp_path))
+        assert config.rope_theta == theta
+
+
+def test_embedding_model_exports_in_qwen3model_layout(tmp_path):
+    model = make_hf_model(embedding=True)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    model.save_pretrained(src)
+    config, params = hf_io.load_pretrained(str(src))
+    assert config.is_embedding and "lm_head" not in params
+    hf_io.save_pretrained(str(dst), config, params)
+    reloaded = AutoModel.from_pretrained(dst, dtype=torch.float32).eval()
+    assert type(reloaded).__name__ == "Qwen3Model"
+    tokens = torch.as_tensor(np.random.RandomState(2).randint(0, config.vocab_size, (2, 6)))
+    with torch.no_grad():
+        ref = model(input_ids=tokens).last_hidden_state.numpy()
+        again = reloaded(input_ids=tokens).last_hidden_state.numpy()
+    np.testing.assert_array_equal(again, ref)
+    ours = np.asarray(jax.jit(qwen3.hidden_states, static_argnums=1)(params, config, jnp.asarray(tokens.numpy())))
+    np.testing.assert_allclose(ours, ref, atol=1e-4 * max(1, np.abs(ref).max()))
+
+
+def test_tokenizer_files_are_copied(tmp_path):
+    model = make_hf_model()
+    model.save_pretrained(tmp_path / "src")
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer_config.json").write_text("{}")
+    (tok / "tokenizer.json").write_text("{}")
+    config, params = hf_io.load_pretrained(str(tmp_path / "src"))
+    hf_io.save_pretrained(str(tmp_path / "dst"), config, params, tokenizer_dir=str(tok))
+    assert (tmp_path / "dst" / "tokenizer.json").exists()
+    gen = json.loads((tmp_path / "dst" / "generation_config.json").read_text())
+    assert 151645 in gen["eos_token_id"]
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def _one_line(excinfo):
+    msg = str(excinfo.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_missing_directory(tmp_path):
+    with pytest.raises(CheckpointError) as e:
+        hf_io.load_pretrained(str(tmp_path / "nope"))
+    assert "not found" in _one_line(e) and "nope" in str(e.value)
+
+
+def test_missing_tensor(tmp_path):
+    from safetensors.torch import load_file, save_file
+    make_hf_model().save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError) as e:
+        hf_io.load_pretrained(str(tmp_path))
+    assert "missing tensor model.layers.1.mlp.up_proj.weight" in _one_line(e)
+
+
+def test_shape_mismatch(tmp_path):
+    make_hf_model().save_pretrained(tmp_path)
+    hf = json.loads((tmp_path / "config.json").read_text())
+    hf["intermediate_size"] += 8
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(CheckpointError) as e:
+        hf_io.load_pretrained(str(tmp_path))
+    assert "has shape" in _one_line(e) and "gate_proj" in str(e.value)
+
+
+@pytest.mark.parametrize("model_type,arch", [("qwen3_moe", "Qwen3MoeForCausalLM"), ("llama", "LlamaForCausalLM")])
+def test_unsupported_architecture(tmp_path, model_type, arch):
+    make_hf_model().save_pretrained(tmp_path)
+    hf = json.loads((tmp_path / "config.json").read_text())
+    hf.update(model_type=model_type, architectures=[arch])
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(CheckpointError) as e:
+        hf_io.load_pretrained(str(tmp_path))
+    msg = _one_line(e)
+    assert "unsupported architecture" in msg and model_type in msg
+
+
+def test_truncated_file(tmp_path):
+    make_hf_model().save_pretrained(tmp_path)
+    path = tmp_path / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError) as e:
+        hf_io.load_pretrained(str(tmp_path))
+    assert "truncated" in _one_line(e) or "exceeds" in str(e.value)
