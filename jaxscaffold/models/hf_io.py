@@ -1,8 +1,7 @@
 """Hugging Face checkpoints in and out: `load_pretrained` and `save_pretrained`.
 
-Loading streams each parameter straight onto its target sharding: the callback given to
-`jax.make_array_from_callback` reads, for one device shard, only the rows of the HF tensors
-that shard needs, so the host never holds more than about one tensor beyond what the
+Loading streams each parameter straight onto its target sharding: for one device shard at
+a time we read only the rows of the HF tensors that shard needs, so the host never holds more than about one tensor beyond what the
 devices already own, and on a multi-host pod each process reads only its own shards.
 Saving fetches one layer's tensor at a time and writes it straight into the file.
 """
@@ -182,11 +181,8 @@ def _read_block(info: st.TensorInfo, transpose: bool, index: tuple[slice, ...]) 
     """Our-layout block `index` of one HF tensor, reading only the HF rows it needs."""
     if transpose:  # ours[a, b] = hf[b, a]
         a, b = index
-        start, stop, _ = b.indices(info.shape[0])
-        return st.read_rows(info, start, stop)[:, a].T
-    first = index[0].indices(info.shape[0]) if info.shape else (0, 1, 1)
-    block = st.read_rows(info, first[0], first[1])
-    return block[(slice(None),) + tuple(index[1:])] if len(index) > 1 else block
+        return st.read_block(info, b, a).T
+    return st.read_block(info, index[0], index[1] if len(index) > 1 else None)
 
 
 def load_pretrained(path: str, *, dtype: str = "float32", mesh=None,
@@ -238,17 +234,30 @@ def load_pretrained(path: str, *, dtype: str = "float32", mesh=None,
         np_dtype = np.dtype(jnp.dtype(dtype))
 
         def callback(index, p=p, names=names, np_dtype=np_dtype):
-            if p.stacked:
-                layers = range(len(names))[index[0]]
-                return np.stack([_read_block(infos[names[i]], p.transpose, index[1:]).astype(np_dtype)
-                                 for i in layers])
-            return _read_block(infos[names[0]], p.transpose, index).astype(np_dtype)
+            if not p.stacked:
+                return _read_block(infos[names[0]], p.transpose, index).astype(np_dtype, copy=False)
+            layers = range(len(names))[index[0]]
+            first = _read_block(infos[names[layers[0]]], p.transpose, index[1:])
+            out = np.empty((len(layers),) + first.shape, np_dtype)  # filled in place: no stack copy
+            out[0] = first
+            for j, i in enumerate(layers[1:], 1):
+                out[j] = _read_block(infos[names[i]], p.transpose, index[1:])
+            return out
 
-        _set(params, p.path, jax.make_array_from_callback(target.shape, sharding, callback))
+        _set(params, p.path, _place(target.shape, sharding, callback))
     unused = sorted(set(infos) - used - {"lm_head.weight"})
     if unused:
         log.warning("%s: %d tensors not used by the model, e.g. %s", path, len(unused), unused[:3])
     return config, params
+
+
+def _place(shape, sharding, read_block):
+    """A global array built shard by shard: each device's block is read, copied to its
+    device and dropped before the next is read (so at most one block is on the host;
+    `jax.make_array_from_callback` would hold all of this process's blocks at once)."""
+    index_map = sharding.addressable_devices_indices_map(shape)
+    arrays = [jax.device_put(read_block(index), device) for device, index in index_map.items()]
+    return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
 
 
 # ----------------------------------------------------------------------------- saving

@@ -94,6 +94,21 @@ def read_rows(info: TensorInfo, start: int = 0, stop: int | None = None) -> np.n
     return arr.reshape((rows,) + shape[1:]) if shape else arr.reshape(())
 
 
+def read_block(info: TensorInfo, rows: slice, cols: slice | None = None,
+               chunk_bytes: int = 16 * 2**20) -> np.ndarray:
+    """block = tensor[rows, cols] of a 1-D or 2-D tensor, read in row chunks of about
+    `chunk_bytes` so a column slice never needs the whole row range on the host."""
+    start, stop, _ = rows.indices(info.shape[0])
+    if len(info.shape) == 1 or cols is None:
+        return read_rows(info, start, stop)
+    c0, c1, _ = cols.indices(info.shape[1])
+    out = np.empty((stop - start, c1 - c0), info.dtype)
+    step = max(1, chunk_bytes // max(1, info.shape[1] * info.dtype.itemsize))
+    for r in range(start, stop, step):
+        out[r - start: min(r + step, stop) - start] = read_rows(info, r, min(r + step, stop))[:, c0:c1]
+    return out
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """One tensor to write: `produce()` returns its host array when its turn comes."""

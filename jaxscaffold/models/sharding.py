@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +64,12 @@ def make_mesh(config: MeshConfig = MeshConfig(), devices: Sequence[jax.Device] |
     """
     devices = list(jax.devices() if devices is None else devices)
     shape = config.resolve(len(devices))
+    # Auto axes: XLA's partitioner propagates shardings from the inputs and the explicit
+    # in/out shardings of each jitted step; the model code carries no sharding types.
+    auto = (AxisType.Auto,) * len(MESH_AXES)
     if len(devices) == jax.device_count():
-        return jax.make_mesh(shape, MESH_AXES, devices=devices)
-    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+        return jax.make_mesh(shape, MESH_AXES, devices=devices, axis_types=auto)
+    return Mesh(np.asarray(devices).reshape(shape), MESH_AXES, axis_types=auto)
 
 
 def maybe_initialize_distributed() -> bool:
