@@ -124,6 +124,14 @@ def _write_rows(buf_BS, new_BT, starts_B):
     return jax.vmap(one)(buf_BS, new_BT, starts_B)
 
 
+def _write_layer(cache_LBSGK, layer, new_BTGK, starts_B):
+    """Writes layer `layer`'s new keys (or values) into the full cache, per-row offsets.
+    Updating the one carried buffer lets XLA do it in place (no per-step cache copy)."""
+    def one(buf_LSGK, new_TGK, start):
+        return lax.dynamic_update_slice(buf_LSGK, new_TGK[None].astype(buf_LSGK.dtype), (layer, start, 0, 0))
+    return jax.vmap(one, in_axes=(1, 0, 0), out_axes=1)(cache_LBSGK, new_BTGK, starts_B)
+
+
 # ----------------------------------------------------------------------------- layers
 
 
@@ -158,6 +166,8 @@ def _dot(x, w, dtype):
 
 
 def _decoder_layer(config: Qwen3Config, impl: str, x_BTD, lp, cos, sin, mask_args, cache_kv):
+    """One pre-norm decoder block. `cache_kv` is None or (k_LBSGK, v_LBSGK, layer, starts_B):
+    the full cache, the index of this layer and where each row's new tokens go."""
     c, dt = config, jnp.dtype(config.compute_dtype)
     b, t, _ = x_BTD.shape
     h = rms_norm(x_BTD, lp["attn_norm"], c.rms_norm_eps)
@@ -169,10 +179,11 @@ def _decoder_layer(config: Qwen3Config, impl: str, x_BTD, lp, cos, sin, mask_arg
     if cache_kv is None:
         keys, values, new_cache_kv = k, v, None
     else:
-        cache_k, cache_v, starts = cache_kv
-        cache_k = _write_rows(cache_k, k, starts)
-        cache_v = _write_rows(cache_v, v, starts)
-        keys, values = cache_k.astype(dt), cache_v.astype(dt)
+        cache_k, cache_v, layer, starts = cache_kv
+        cache_k = _write_layer(cache_k, layer, k, starts)
+        cache_v = _write_layer(cache_v, layer, v, starts)
+        keys = lax.dynamic_index_in_dim(cache_k, layer, 0, keepdims=False).astype(dt)
+        values = lax.dynamic_index_in_dim(cache_v, layer, 0, keepdims=False).astype(dt)
         new_cache_kv = (cache_k, cache_v)
     attn = attention.attend(impl, q, keys, values, self_attention=cache_kv is None, **mask_args)
     x_BTD = x_BTD + _dot(attn.reshape(b, t, c.q_dim), lp["o"], dt)
@@ -247,29 +258,24 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
         layer = jax.checkpoint(layer, policy=_REMAT_POLICIES[c.remat_policy])
 
     starts = None if cache is None else cache.lengths
+    kv = None if cache is None else (cache.k, cache.v)
     if c.scan_layers:
-        def body(x, xs):
-            lp, ck, cv = xs
-            x, new_kv = layer(x, lp, None if ck is None else (ck, cv, starts))
-            return x, new_kv
-        xs = (params["layers"], None if cache is None else cache.k, None if cache is None else cache.v)
-        x, new_kv = lax.scan(body, x, xs)
+        def body(carry, xs):
+            x, kv = carry
+            lp, i = xs
+            x, kv = layer(x, lp, None if kv is None else (*kv, i, starts))
+            return (x, kv), None
+        (x, kv), _ = lax.scan(body, (x, kv), (params["layers"], jnp.arange(c.num_layers)))
     else:
-        new_k, new_v = [], []
         for i in range(c.num_layers):
             lp = jax.tree.map(lambda a: a[i], params["layers"])
-            kv = None if cache is None else (cache.k[i], cache.v[i], starts)
-            x, out_kv = layer(x, lp, kv)
-            if out_kv is not None:
-                new_k.append(out_kv[0])
-                new_v.append(out_kv[1])
-        new_kv = None if cache is None else (jnp.stack(new_k), jnp.stack(new_v))
+            x, kv = layer(x, lp, None if kv is None else (*kv, i, starts))
 
     h = rms_norm(x, params["final_norm"], c.rms_norm_eps)
     if cache is None:
         return h
     added = jnp.sum(segment_ids_BT != 0, axis=1).astype(jnp.int32)
-    new_cache = KVCache(k=new_kv[0], v=new_kv[1], segment_ids=new_segments,
+    new_cache = KVCache(k=kv[0], v=kv[1], segment_ids=new_segments,
                         lengths=cache.lengths + added)
     return h, new_cache
 

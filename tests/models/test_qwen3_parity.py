@@ -134,3 +134,29 @@ def test_splash_attention_interpret_mode_matches_xla():
     out = attention.splash_attention(q, k, v, seg, interpret=True)
     real = np.asarray(seg)[0] != 0
     np.testing.assert_allclose(np.asarray(out)[0, real], np.asarray(ref)[0, real], atol=2e-5)
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_kv_cache_prefill_then_steps_equals_full_forward(tmp_path, scan_layers):
+    """Right-padded prompts of mixed lengths, prefilled into a cache, then fed one token at a
+    time: every step's logits equal the full forward of the whole sequence."""
+    model, config, params = _load(tmp_path, heads=4, kv_heads=2)
+    config = config.replace(scan_layers=scan_layers)
+    rng = np.random.RandomState(5)
+    lengths, total, steps = [6, 2, 4], 6, 4
+    full = rng.randint(0, config.vocab_size, (3, total + steps)).astype(np.int32)
+    prompt, mask = np.zeros((3, total), np.int32), np.zeros((3, total), np.int32)
+    for b, n in enumerate(lengths):
+        prompt[b, :n], mask[b, :n] = full[b, :n], 1
+    cache = qwen3.KVCache.empty(config, 3, 16, dtype="float32")
+    step = jax.jit(qwen3.forward, static_argnums=1)
+    logits, cache = step(params, config, jnp.asarray(prompt), segment_ids_BT=jnp.asarray(mask), cache=cache)
+    np.testing.assert_array_equal(np.asarray(cache.lengths), lengths)
+    for b, n in enumerate(lengths):
+        _assert_close(np.asarray(logits)[b, :n], hf_logits(model, full[b:b + 1, :n])[0])
+    for s in range(steps):
+        nxt = np.stack([full[b, n + s] for b, n in enumerate(lengths)])[:, None]
+        logits, cache = step(params, config, jnp.asarray(nxt), cache=cache)
+        for b, n in enumerate(lengths):
+            ref = hf_logits(model, full[b:b + 1, :n + s + 1])[0, -1]
+            _assert_close(np.asarray(logits)[b, 0], ref)

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One command per job on a fresh machine: sets up .venv (once), then runs the job.
+#   bash launch/dev.sh demo    # the main job on the embedded default (tiny model, CPU)
+#   bash launch/dev.sh test    # the whole test suite   (test-quick: without slow tests)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+job="${1:-test}"; shift || true
+
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.jaxscaffold-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/pip install -q --upgrade pip
+  # The CPU build of PyTorch is the parity reference (transformers' Qwen3) in tests;
+  # pinning it first keeps pip from pulling a multi-GB CUDA build.
+  .venv/bin/pip install -q "torch==2.13.0"
+  .venv/bin/pip install -q -e ".[test]"
+  touch "$stamp"
+fi
+
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+case "$job" in
+  demo) exec .venv/bin/python launch/demo.py "$@" ;;
+  test) exec .venv/bin/python -m pytest -q -n 2 --durations=15 "$@" ;;
+  test-quick) exec .venv/bin/python -m pytest -q -n 2 -m "not slow" "$@" ;;
+  *) echo "usage: bash launch/dev.sh {demo|test|test-quick} [args]" >&2; exit 2 ;;
+esac
