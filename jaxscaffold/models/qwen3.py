@@ -117,19 +117,20 @@ class KVCache(NamedTuple):
         )
 
 
-def _write_rows(buf_BS, new_BT, starts_B):
-    """Writes each row's new entries into its buffer at its own offset."""
-    def one(buf, new, start):
-        return lax.dynamic_update_slice(buf, new.astype(buf.dtype), (start,) + (0,) * (buf.ndim - 1))
-    return jax.vmap(one)(buf_BS, new_BT, starts_B)
+def cache_slots(segment_ids_BT, lengths_B, capacity: int):
+    """Cache slot of each new token: lengths[b] + t for real tokens; `capacity` (out of
+    range, so the write is dropped) for padding. Rows must be right-padded."""
+    t = segment_ids_BT.shape[1]
+    slots = lengths_B[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+    return jnp.where(segment_ids_BT != 0, slots, capacity)
 
 
-def _write_layer(cache_LBSGK, layer, new_BTGK, starts_B):
-    """Writes layer `layer`'s new keys (or values) into the full cache, per-row offsets.
-    Updating the one carried buffer lets XLA do it in place (no per-step cache copy)."""
-    def one(buf_LSGK, new_TGK, start):
-        return lax.dynamic_update_slice(buf_LSGK, new_TGK[None].astype(buf_LSGK.dtype), (layer, start, 0, 0))
-    return jax.vmap(one, in_axes=(1, 0, 0), out_axes=1)(cache_LBSGK, new_BTGK, starts_B)
+def _scatter_rows(buf, new, slots_BT, layer=None):
+    """buf[(layer,) b, slots[b, t]] = new[b, t]; out-of-range slots are dropped, so padding
+    never overwrites a cached token, even in a full row. In place inside a jitted loop."""
+    b = jnp.arange(slots_BT.shape[0])[:, None]
+    index = (b, slots_BT) if layer is None else (layer, b, slots_BT)
+    return buf.at[index].set(new.astype(buf.dtype), mode="drop")
 
 
 # ----------------------------------------------------------------------------- layers
@@ -166,8 +167,8 @@ def _dot(x, w, dtype):
 
 
 def _decoder_layer(config: Qwen3Config, impl: str, x_BTD, lp, cos, sin, mask_args, cache_kv):
-    """One pre-norm decoder block. `cache_kv` is None or (k_LBSGK, v_LBSGK, layer, starts_B):
-    the full cache, the index of this layer and where each row's new tokens go."""
+    """One pre-norm decoder block. `cache_kv` is None or (k_LBSGK, v_LBSGK, layer, slots_BT):
+    the full cache, the index of this layer and the cache slot of each new token."""
     c, dt = config, jnp.dtype(config.compute_dtype)
     b, t, _ = x_BTD.shape
     h = rms_norm(x_BTD, lp["attn_norm"], c.rms_norm_eps)
@@ -179,9 +180,9 @@ def _decoder_layer(config: Qwen3Config, impl: str, x_BTD, lp, cos, sin, mask_arg
     if cache_kv is None:
         keys, values, new_cache_kv = k, v, None
     else:
-        cache_k, cache_v, layer, starts = cache_kv
-        cache_k = _write_layer(cache_k, layer, k, starts)
-        cache_v = _write_layer(cache_v, layer, v, starts)
+        cache_k, cache_v, layer, slots = cache_kv
+        cache_k = _scatter_rows(cache_k, k, slots, layer)
+        cache_v = _scatter_rows(cache_v, v, slots, layer)
         keys = lax.dynamic_index_in_dim(cache_k, layer, 0, keepdims=False).astype(dt)
         values = lax.dynamic_index_in_dim(cache_v, layer, 0, keepdims=False).astype(dt)
         new_cache_kv = (cache_k, cache_v)
@@ -220,7 +221,8 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
         continuing from the cache length.
       segment_ids_BT: 0 = padding, otherwise a segment id (packed rows attend only within a
         segment). Default: all ones.
-      cache: a KVCache; the new tokens' keys/values are written after each row's length.
+      cache: a KVCache; the new tokens (right-padded) are written after each row's length;
+        padding is never written, and tokens past the capacity are dropped.
 
     Returns:
       h_BTD, or (h_BTD, new_cache) when a cache is given.
@@ -242,10 +244,12 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
         q_index = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
         if positions_BT is None:
             positions_BT = q_index
-        new_segments = _write_rows(cache.segment_ids, segment_ids_BT, cache.lengths)
+        capacity = cache.segment_ids.shape[1]
+        slots = cache_slots(segment_ids_BT, cache.lengths, capacity)
+        new_segments = _scatter_rows(cache.segment_ids, segment_ids_BT, slots)
         mask_args = dict(q_segment_BT=segment_ids_BT, kv_segment_BS=new_segments,
                          q_index_BT=q_index,
-                         kv_index_S=jnp.arange(cache.segment_ids.shape[1], dtype=jnp.int32))
+                         kv_index_S=jnp.arange(capacity, dtype=jnp.int32))
 
     impl = attention.resolve_impl(c.attention_impl, c.compute_dtype)
     cos, sin = rope_tables(positions_BT, c.head_dim, c.rope_theta)
@@ -257,19 +261,18 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
     if c.remat_policy != "none":
         layer = jax.checkpoint(layer, policy=_REMAT_POLICIES[c.remat_policy])
 
-    starts = None if cache is None else cache.lengths
     kv = None if cache is None else (cache.k, cache.v)
     if c.scan_layers:
         def body(carry, xs):
             x, kv = carry
             lp, i = xs
-            x, kv = layer(x, lp, None if kv is None else (*kv, i, starts))
+            x, kv = layer(x, lp, None if kv is None else (*kv, i, slots))
             return (x, kv), None
         (x, kv), _ = lax.scan(body, (x, kv), (params["layers"], jnp.arange(c.num_layers)))
     else:
         for i in range(c.num_layers):
             lp = jax.tree.map(lambda a: a[i], params["layers"])
-            x, kv = layer(x, lp, None if kv is None else (*kv, i, starts))
+            x, kv = layer(x, lp, None if kv is None else (*kv, i, slots))
 
     h = rms_norm(x, params["final_norm"], c.rms_norm_eps)
     if cache is None:

@@ -1,0 +1,1 @@
+"""Rollouts: a KV-cache sampler for multi-turn, token-in-token-out generation."""

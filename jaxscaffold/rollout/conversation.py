@@ -1,0 +1,94 @@
+"""Multi-turn, token-in-token-out episodes on top of the sampler's slots.
+
+A `Conversation` is the exact token sequence the model saw and produced, with an assistant
+mask (1 = sampled by the policy, trained on; 0 = prompt / environment) and the sampled
+tokens' logprobs aligned with it. The history is never re-tokenised: environment text is
+tokenised once when it arrives, generated ids are kept as they were sampled.
+
+`MultiTurn` keeps one conversation per slot and the sampler state: `extend` prefills only
+new (environment) tokens, `generate` continues the chosen slots, `release` hands back a
+finished conversation and frees its slot for the next episode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from jaxscaffold.rollout.engine import Generation, Sampler, SamplerState
+
+
+@dataclasses.dataclass
+class Conversation:
+    """Token ids with an aligned assistant mask and policy logprobs."""
+
+    ids: list[int] = dataclasses.field(default_factory=list)
+    assistant_mask: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    finish_reasons: list[str] = dataclasses.field(default_factory=list)
+
+    def add_context(self, ids: Sequence[int]) -> None:
+        self.ids.extend(int(i) for i in ids)
+        self.assistant_mask.extend([0] * len(ids))
+        self.logprobs.extend([0.0] * len(ids))
+
+    def add_generation(self, gen: Generation) -> None:
+        self.ids.extend(int(i) for i in gen.tokens)
+        self.assistant_mask.extend([1] * len(gen.tokens))
+        self.logprobs.extend(float(x) for x in gen.logprobs)
+        self.finish_reasons.append(gen.finish_reason)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"ids": np.asarray(self.ids, np.int32),
+                "assistant_mask": np.asarray(self.assistant_mask, np.int32),
+                "logprobs": np.asarray(self.logprobs, np.float32)}
+
+
+class MultiTurn:
+    """Conversations living in sampler slots (host-side bookkeeping, device-side cache)."""
+
+    def __init__(self, sampler: Sampler, state: SamplerState | None = None):
+        self.sampler = sampler
+        self.state = sampler.init_state() if state is None else state
+        self.conversations: dict[int, Conversation] = {}
+
+    def free_slots(self) -> list[int]:
+        return [s for s in range(self.sampler.batch_size) if s not in self.conversations]
+
+    def room(self, slot: int) -> int:
+        """Tokens that still fit in a slot (one cache slot stays spare)."""
+        return self.sampler.max_len - 1 - len(self.conversations.get(slot, ()))
+
+    def _lengths(self) -> np.ndarray:
+        # Every token of a conversation is in the cache, so its length is the cache length.
+        return np.asarray([len(self.conversations.get(s, ())) for s in range(self.sampler.batch_size)], np.int32)
+
+    def extend(self, params, tokens: Mapping[int, Sequence[int]]) -> None:
+        """Appends context tokens (a prompt, an observation) to slots, starting new
+        conversations in empty slots."""
+        self.state = self.sampler.extend(params, self.state, tokens, lengths=self._lengths())
+        for slot, ids in tokens.items():
+            self.conversations.setdefault(slot, Conversation()).add_context(ids)
+
+    def generate(self, params, slots: Sequence[int], *, max_new_tokens: int,
+                 seeds: Sequence[int]) -> dict[int, Generation]:
+        """Samples the next assistant turn in each slot; the other slots wait."""
+        missing = [s for s in slots if s not in self.conversations]
+        if missing:
+            raise ValueError(f"slots {missing} have no conversation: extend them with a prompt first")
+        self.state, out = self.sampler.generate(params, self.state, slots, max_new_tokens=max_new_tokens,
+                                                seeds=seeds, lengths=self._lengths())
+        for slot, gen in out.items():
+            self.conversations[slot].add_generation(gen)
+        return out
+
+    def release(self, slots: Sequence[int]) -> dict[int, Conversation]:
+        """Ends the conversations in `slots`, frees their cache slots and returns them."""
+        done = {s: self.conversations.pop(s) for s in slots}
+        self.state = self.sampler.release(self.state, slots)
+        return done

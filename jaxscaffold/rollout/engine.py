@@ -1,0 +1,238 @@
+"""The sampler: a slot-based KV-cache engine for multi-turn, token-in-token-out rollouts.
+
+The engine owns `batch_size` cache *slots*. A slot holds one conversation's token history
+as keys/values; `extend` prefills new tokens (a prompt, an environment observation) into
+chosen slots, `generate` decodes in chosen slots until each stops, and `release` empties a
+slot for the next episode (continuous batching: a finished episode's slot is refilled while
+others are mid-episode, and a slot waiting for its environment simply sits out a decode).
+
+Compiled programs are bounded by bucketing: prefill lengths round up to `prefill_buckets`,
+decode lengths to `decode_buckets`; batch and cache sizes are fixed per engine. The decode
+loop runs inside one jitted `lax.while_loop` with the cache donated.
+
+Sampling keys are per row and per position: the token at absolute position p of a row with
+seed s is drawn with `fold_in(key(s), p)`, so a row is reproducible from its seed whatever
+slot or batch it runs in.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from typing import Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+
+from jaxscaffold.models import qwen3
+from jaxscaffold.models.config import Qwen3Config
+from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules
+from jaxscaffold.rollout.sampling import SamplingConfig, sample
+
+DEFAULT_STOP_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
+
+
+class ContextOverflow(ValueError):
+    """A slot has no room for the tokens it was given."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """One slot's output of a `generate` call."""
+
+    tokens: np.ndarray  # int32 [n]
+    logprobs: np.ndarray  # f32 [n], under the unmodified policy (T=1, no truncation)
+    sampling_logprobs: np.ndarray  # f32 [n], under the distribution sampled from
+    finish_reason: str  # "stop" (a stop token, included in tokens) or "length"
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SamplerState:
+    """Device state of all slots: the KV cache and each slot's next-token logits."""
+
+    cache: qwen3.KVCache
+    logits_BV: jax.Array  # f32: the model's prediction after each slot's last cached token
+
+
+def _bucket(n: int, buckets: Sequence[int], what: str) -> int:
+    i = bisect.bisect_left(buckets, n)
+    if i == len(buckets):
+        raise ContextOverflow(f"{what} of {n} tokens exceeds the largest bucket {buckets[-1]}")
+    return buckets[i]
+
+
+def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
+    out, b = [], lo
+    while b < hi:
+        out.append(b)
+        b *= 2
+    return tuple(out) + (hi,)
+
+
+class Sampler:
+    """Jitted prefill and decode over a fixed set of cache slots.
+
+    Args:
+      config: the model config (static).
+      batch_size: number of slots (rows decoded together).
+      max_len: cache capacity per slot, in tokens.
+      sampling: temperature / top-p / top-k (greedy when temperature is 0).
+      stop_ids: tokens that end a turn (kept in the output).
+      cache_dtype: KV cache dtype (bf16 halves cache memory and bandwidth).
+      mesh, rules: shard the cache (rows over the batch axes, kv heads over `tensor`);
+        parameters keep the shardings they were placed with.
+    """
+
+    def __init__(self, config: Qwen3Config, *, batch_size: int, max_len: int,
+                 sampling: SamplingConfig = SamplingConfig(), stop_ids: Sequence[int] = DEFAULT_STOP_IDS,
+                 cache_dtype: str = "bfloat16", mesh=None, rules: ShardingRules = DEFAULT_RULES,
+                 prefill_buckets: Sequence[int] | None = None,
+                 decode_buckets: Sequence[int] | None = None):
+        if config.is_embedding:
+            raise ValueError("an embedding model cannot generate")
+        self.config, self.batch_size, self.max_len = config, batch_size, max_len
+        self.sampling, self.cache_dtype = sampling, cache_dtype
+        self.stop_ids = np.asarray(sorted(set(stop_ids)), np.int32)
+        self.prefill_buckets = tuple(prefill_buckets or _powers_of_two(16, max_len))
+        self.decode_buckets = tuple(decode_buckets or _powers_of_two(16, max_len))
+        self.mesh, self.rules = mesh, rules
+        self.num_traces = 0  # how many programs were traced (= compiled), for tests
+        self._prefill = jax.jit(self._prefill_fn, donate_argnums=(1,), out_shardings=self._state_shardings())
+        self._decode = jax.jit(self._decode_fn, static_argnums=(5,), donate_argnums=(1,),
+                               out_shardings=(self._state_shardings(), None))
+
+    # ---------------------------------------------------------------- state
+
+    def _state_shardings(self):
+        if self.mesh is None:
+            return None
+        r, m = self.rules, self.mesh
+        kv = r.sharding(m, ("layers", "batch", "cache_seq", "cache_heads", "head_dim"))
+        cache = qwen3.KVCache(k=kv, v=kv, segment_ids=r.sharding(m, ("batch", "cache_seq")),
+                              lengths=r.sharding(m, ("batch",)))
+        return SamplerState(cache=cache, logits_BV=r.sharding(m, ("batch", "vocab")))
+
+    def init_state(self) -> SamplerState:
+        """All slots empty."""
+        c = self.config
+        state = SamplerState(
+            cache=qwen3.KVCache.empty(c, self.batch_size, self.max_len, self.cache_dtype),
+            logits_BV=jnp.zeros((self.batch_size, c.vocab_size), jnp.float32))
+        shardings = self._state_shardings()
+        return state if shardings is None else jax.device_put(state, shardings)
+
+    def lengths(self, state: SamplerState) -> np.ndarray:
+        """Tokens held by each slot (one small device-to-host copy)."""
+        return np.asarray(state.cache.lengths)
+
+    def release(self, state: SamplerState, slots: Sequence[int]) -> SamplerState:
+        """Empties slots (their cached tokens are forgotten) for new episodes."""
+        idx = jnp.asarray(list(slots), jnp.int32)
+        cache = state.cache
+        cache = cache._replace(lengths=cache.lengths.at[idx].set(0),
+                               segment_ids=cache.segment_ids.at[idx].set(0))
+        return SamplerState(cache=cache, logits_BV=state.logits_BV)
+
+    # ---------------------------------------------------------------- prefill
+
+    def _prefill_fn(self, params, state: SamplerState, tokens_BT, segments_BT):
+        self.num_traces += 1
+        c = self.config
+        h, cache = qwen3.hidden_states(params, c, tokens_BT, segment_ids_BT=segments_BT, cache=state.cache)
+        n = jnp.sum(segments_BT != 0, axis=1)
+        last = jnp.take_along_axis(h, jnp.maximum(n - 1, 0)[:, None, None], axis=1)
+        new_logits = qwen3.unembed(params, c, last)[:, 0]  # only the last position: no [B, T, V]
+        logits = jnp.where((n > 0)[:, None], new_logits, state.logits_BV)
+        return SamplerState(cache=cache, logits_BV=logits)
+
+    def extend(self, params, state: SamplerState, tokens: Mapping[int, Sequence[int]],
+               lengths: np.ndarray | None = None) -> SamplerState:
+        """Appends tokens to the given slots (others are untouched): prefill only the new
+        tokens. Raises ContextOverflow when a slot has no room (one slot stays spare)."""
+        lengths = self.lengths(state) if lengths is None else lengths
+        longest = max((len(t) for t in tokens.values()), default=0)
+        if longest == 0:
+            return state
+        for slot, toks in tokens.items():
+            if lengths[slot] + len(toks) >= self.max_len:
+                raise ContextOverflow(
+                    f"slot {slot}: {lengths[slot]} cached + {len(toks)} new tokens exceed "
+                    f"the cache of {self.max_len} (one slot is kept for the final token)")
+        width = _bucket(longest, self.prefill_buckets, "a prefill")
+        ids = np.zeros((self.batch_size, width), np.int32)
+        seg = np.zeros((self.batch_size, width), np.int32)
+        for slot, toks in tokens.items():
+            ids[slot, : len(toks)] = toks
+            seg[slot, : len(toks)] = 1
+        return self._prefill(params, state, self._put(ids), self._put(seg))
+
+    def _put(self, x: np.ndarray):
+        if self.mesh is None:
+            return jnp.asarray(x)
+        return jax.device_put(x, NamedSharding(self.mesh, self.rules.spec(("batch", "seq")[: x.ndim])))
+
+    # ---------------------------------------------------------------- decode
+
+    def _decode_fn(self, params, state: SamplerState, seeds_B, active_B, max_new_B, steps: int):
+        self.num_traces += 1
+        c, b = self.config, self.batch_size
+        stop_ids = jnp.asarray(self.stop_ids)
+        base_keys = jax.vmap(jax.random.key)(seeds_B)
+
+        def cond(carry):
+            i, _, done, *_ = carry
+            return (i < steps) & ~jnp.all(done)
+
+        def body(carry):
+            i, st, done, stopped, n, toks, lp, slp = carry
+            keys = jax.vmap(jax.random.fold_in)(base_keys, st.cache.lengths)
+            tok, tok_lp, tok_slp = sample(st.logits_BV, keys, self.sampling)
+            live = ~done
+            toks = toks.at[:, i].set(jnp.where(live, tok, 0))
+            lp = lp.at[:, i].set(jnp.where(live, tok_lp, 0.0))
+            slp = slp.at[:, i].set(jnp.where(live, tok_slp, 0.0))
+            n = n + live
+            hit = live & jnp.isin(tok, stop_ids)
+            stopped = stopped | hit
+            # Feed the sampled token so the cache always holds the whole history.
+            logits, cache = qwen3.forward(params, c, tok[:, None], segment_ids_BT=live[:, None].astype(jnp.int32),
+                                          cache=st.cache)
+            logits = jnp.where(live[:, None], logits[:, 0], st.logits_BV)
+            done = done | hit | (n >= max_new_B)
+            return i + 1, SamplerState(cache=cache, logits_BV=logits), done, stopped, n, toks, lp, slp
+
+        zeros_i = jnp.zeros((b, steps), jnp.int32)
+        zeros_f = jnp.zeros((b, steps), jnp.float32)
+        init = (jnp.int32(0), state, ~active_B | (max_new_B <= 0), jnp.zeros((b,), bool),
+                jnp.zeros((b,), jnp.int32), zeros_i, zeros_f, zeros_f)
+        _, state, _, stopped, n, toks, lp, slp = jax.lax.while_loop(cond, body, init)
+        return state, (toks, lp, slp, n, stopped)
+
+    def generate(self, params, state: SamplerState, slots: Sequence[int], *, max_new_tokens: int,
+                 seeds: Sequence[int], lengths: np.ndarray | None = None
+                 ) -> tuple[SamplerState, dict[int, Generation]]:
+        """Decodes in the given slots until each emits a stop token or `max_new_tokens`
+        (capped by the slot's room). Other slots sit out. Returns the new state and each
+        slot's Generation."""
+        lengths = self.lengths(state) if lengths is None else lengths
+        active = np.zeros(self.batch_size, bool)
+        max_new = np.zeros(self.batch_size, np.int32)
+        row_seeds = np.zeros(self.batch_size, np.uint32)
+        for slot, seed in zip(slots, seeds):
+            room = self.max_len - 1 - int(lengths[slot])
+            active[slot], max_new[slot] = True, max(0, min(max_new_tokens, room))
+            row_seeds[slot] = np.uint32(seed % 2**32)
+        steps = _bucket(max(1, int(max_new.max())), self.decode_buckets, "a decode")
+        state, out = self._decode(params, state, jnp.asarray(row_seeds), self._put(active),
+                                  self._put(max_new), steps)
+        toks, lp, slp, n, stopped = jax.device_get(out)
+        results = {}
+        for slot in slots:
+            k = int(n[slot])
+            results[slot] = Generation(tokens=toks[slot, :k], logprobs=lp[slot, :k],
+                                       sampling_logprobs=slp[slot, :k],
+                                       finish_reason="stop" if stopped[slot] else "length")
+        return state, results

@@ -1,0 +1,230 @@
+"""The sampler against the model's own full forward (teacher forcing) and the math of sampling."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from jaxscaffold.models import hf_io, qwen3
+from jaxscaffold.models.sharding import MeshConfig, make_mesh
+from jaxscaffold.rollout.conversation import MultiTurn
+from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.sampling import GREEDY, SamplingConfig, sample, sampling_logits
+from tests.models.hf_reference import make_hf_model
+
+VOCAB = 320
+STOP = (7,)
+full_forward = jax.jit(qwen3.forward, static_argnums=1)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt")
+    make_hf_model(vocab=VOCAB, hidden=64, inter=128, heads=4, kv_heads=2, head_dim=16, std=0.3).save_pretrained(path)
+    return hf_io.load_pretrained(str(path))
+
+
+def teacher_forced_logprobs(params, config, ids):
+    """log p(ids[t] | ids[:t]) for t >= 1 from one full forward."""
+    logits = full_forward(params, config, jnp.asarray(ids, jnp.int32)[None])[0]
+    logp = jax.nn.log_softmax(logits, -1)
+    return np.asarray(jnp.take_along_axis(logp[:-1], jnp.asarray(ids[1:])[:, None], -1)[:, 0])
+
+
+def test_greedy_equals_repeated_argmax_of_full_forward(model):
+    config, params = model
+    sampler = Sampler(config, batch_size=4, max_len=64, sampling=GREEDY, stop_ids=(), cache_dtype="float32")
+    rng = np.random.RandomState(0)
+    prompts = {s: list(rng.randint(0, VOCAB, n)) for s, n in enumerate([9, 1, 5, 13])}
+    state = sampler.extend(params, sampler.init_state(), prompts)
+    state, out = sampler.generate(params, state, list(prompts), max_new_tokens=12, seeds=[0, 1, 2, 3])
+    for slot, prompt in prompts.items():
+        seq = list(prompt)
+        for _ in range(12):  # repeated argmax of the full (uncached) forward
+            logits = full_forward(params, config, jnp.asarray(seq, jnp.int32)[None])
+            seq.append(int(jnp.argmax(logits[0, -1])))
+        assert list(out[slot].tokens) == seq[len(prompt):], slot
+        assert out[slot].finish_reason == "length"
+
+
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-4), ("bfloat16", None)])
+def test_logprobs_equal_teacher_forcing(model, dtype, tol, capsys):
+    config, params = model
+    cfg = config.replace(compute_dtype=dtype)
+    sampler = Sampler(cfg, batch_size=3, max_len=64, sampling=SamplingConfig(temperature=1.0),
+                      stop_ids=(), cache_dtype=dtype)
+    rng = np.random.RandomState(1)
+    prompts = {s: list(rng.randint(0, VOCAB, n)) for s, n in enumerate([4, 11, 7])}
+    state = sampler.extend(params, sampler.init_state(), prompts)
+    state, out = sampler.generate(params, state, list(prompts), max_new_tokens=20, seeds=[5, 6, 7])
+    gaps = []
+    for slot, prompt in prompts.items():
+        seq = prompt + list(out[slot].tokens)
+        ref = teacher_forced_logprobs(params, config, seq)[len(prompt) - 1:]  # f32 trainer
+        gaps.append(np.max(np.abs(out[slot].logprobs - ref)))
+    gap = max(gaps)
+    with capsys.disabled():
+        print(f"\n[sampler] max |sampler logprob - f32 teacher-forced logprob|, {dtype}: {gap:.2e}")
+    if tol is not None:
+        assert gap <= tol
+    else:
+        assert gap < 0.5  # bf16 is reported, and must still be the same distribution roughly
+
+
+def test_five_turns_of_extend_then_generate_equal_one_prefill(model):
+    config, params = model
+    sampler = Sampler(config, batch_size=2, max_len=256, sampling=SamplingConfig(temperature=1.0),
+                      stop_ids=STOP, cache_dtype="float32")
+    mt = MultiTurn(sampler)
+    rng = np.random.RandomState(2)
+    mt.extend(params, {0: list(rng.randint(8, VOCAB, 6)), 1: list(rng.randint(8, VOCAB, 3))})
+    for turn in range(5):
+        mt.generate(params, [0, 1], max_new_tokens=10, seeds=[11, 12])
+        if turn < 4:  # environment answers, of different lengths per row
+            mt.extend(params, {0: list(rng.randint(8, VOCAB, 5)), 1: list(rng.randint(8, VOCAB, 9))})
+    for slot, conv in mt.release([0, 1]).items():
+        arr = conv.arrays()
+        assert len(arr["ids"]) == len(arr["assistant_mask"]) == len(arr["logprobs"])
+        assert arr["assistant_mask"].sum() > 5 and arr["assistant_mask"][0] == 0
+        ref = teacher_forced_logprobs(params, config, arr["ids"])
+        gen = arr["assistant_mask"][1:] == 1
+        np.testing.assert_allclose(arr["logprobs"][1:][gen], ref[gen], atol=1e-4)
+        # Greedy check of the tokens themselves: replaying with T=0 from the same history.
+    greedy = Sampler(config, batch_size=1, max_len=256, sampling=GREEDY, stop_ids=STOP, cache_dtype="float32")
+    mt = MultiTurn(greedy)
+    history = []
+    mt.extend(params, {0: list(rng.randint(8, VOCAB, 4))})
+    for turn in range(5):
+        mt.generate(params, [0], max_new_tokens=6, seeds=[0])
+        mt.extend(params, {0: list(rng.randint(8, VOCAB, 3))})
+    ids = np.asarray(mt.conversations[0].ids)
+    mask = np.asarray(mt.conversations[0].assistant_mask)
+    logits = full_forward(params, config, jnp.asarray(ids)[None])[0]
+    argmax = np.asarray(jnp.argmax(logits, -1))
+    np.testing.assert_array_equal(ids[1:][mask[1:] == 1], argmax[:-1][mask[1:] == 1])
+
+
+def test_stop_tokens_end_a_row_and_are_kept(model):
+    config, params = model
+    sampler = Sampler(config, batch_size=2, max_len=128, sampling=SamplingConfig(temperature=1.0),
+                      stop_ids=tuple(range(0, 40)), cache_dtype="float32")  # common enough to hit
+    state = sampler.extend(params, sampler.init_state(), {0: [50, 60], 1: [70]})
+    state, out = sampler.generate(params, state, [0, 1], max_new_tokens=64, seeds=[1, 2])
+    for g in out.values():
+        if g.finish_reason == "stop":
+            assert g.tokens[-1] < 40 and all(t >= 40 for t in g.tokens[:-1])
+        else:
+            assert len(g.tokens) == 64
+    assert any(g.finish_reason == "stop" for g in out.values())
+    np.testing.assert_array_equal(sampler.lengths(state), [2 + len(out[0].tokens), 1 + len(out[1].tokens)])
+
+
+def test_row_is_reproducible_from_its_seed_in_any_slot(model):
+    """Continuous batching: a slot released and refilled, rows waiting while others decode."""
+    config, params = model
+    sampler = Sampler(config, batch_size=3, max_len=128, sampling=SamplingConfig(temperature=1.0, top_p=0.9),
+                      stop_ids=(), cache_dtype="float32")
+    prompt = [10, 20, 30, 40]
+    alone = sampler.extend(params, sampler.init_state(), {0: prompt})
+    _, ref = sampler.generate(params, alone, [0], max_new_tokens=8, seeds=[99])
+    mt = MultiTurn(sampler)
+    mt.extend(params, {0: [1, 2, 3], 1: [4, 5, 6, 7, 8], 2: [9]})
+    mt.generate(params, [0, 1, 2], max_new_tokens=5, seeds=[1, 2, 3])
+    mt.release([1])
+    mt.extend(params, {1: prompt})  # slot 1 refilled with the reference episode
+    out = mt.generate(params, [1, 2], max_new_tokens=8, seeds=[99, 4])  # slot 0 waits
+    np.testing.assert_array_equal(out[1].tokens, ref[0].tokens)
+    np.testing.assert_allclose(out[1].logprobs, ref[0].logprobs, atol=1e-6)
+    assert len(mt.conversations[0]) == 3 + 5  # the waiting slot was not touched
+
+
+def test_compilations_are_bounded_in_a_multi_turn_run(model):
+    config, params = model
+    sampler = Sampler(config, batch_size=2, max_len=256, sampling=SamplingConfig(temperature=1.0),
+                      stop_ids=STOP, cache_dtype="float32", prefill_buckets=(16, 64, 255),
+                      decode_buckets=(32,))
+    mt = MultiTurn(sampler)
+    rng = np.random.RandomState(3)
+    for episode in range(3):
+        mt.extend(params, {0: list(rng.randint(8, VOCAB, rng.randint(1, 40))), 1: list(rng.randint(8, VOCAB, 5))})
+        for turn in range(4):
+            mt.generate(params, [0, 1], max_new_tokens=int(rng.randint(1, 30)), seeds=[episode, turn])
+            mt.extend(params, {0: list(rng.randint(8, VOCAB, rng.randint(1, 20)))})
+        mt.release([0, 1])
+    # At most one program per prefill bucket used plus one decode program.
+    assert sampler.num_traces <= 3, sampler.num_traces
+
+
+def test_context_overflow_is_a_clear_error(model):
+    from jaxscaffold.rollout.engine import ContextOverflow
+    config, params = model
+    sampler = Sampler(config, batch_size=1, max_len=32, sampling=GREEDY, stop_ids=())
+    state = sampler.extend(params, sampler.init_state(), {0: list(range(20))})
+    with pytest.raises(ContextOverflow, match="slot 0"):
+        sampler.extend(params, state, {0: list(range(12))})
+    state, out = sampler.generate(params, state, [0], max_new_tokens=50, seeds=[0])
+    assert len(out[0].tokens) == 32 - 1 - 20 and out[0].finish_reason == "length"
+
+
+def test_sharded_sampling_equals_unsharded(model):
+    config, params = model
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    from jaxscaffold.models.qwen3 import param_shardings
+    sharded_params = jax.device_put(params, param_shardings(config, mesh))
+    prompts = {s: [s + 10, 2 * s + 11, 30] for s in range(4)}
+    results = []
+    for p, m in ((params, None), (sharded_params, mesh)):
+        sampler = Sampler(config, batch_size=4, max_len=64, sampling=SamplingConfig(temperature=0.8),
+                          stop_ids=(), cache_dtype="float32", mesh=m)
+        state = sampler.extend(p, sampler.init_state(), prompts)
+        state, out = sampler.generate(p, state, list(prompts), max_new_tokens=10, seeds=[1, 2, 3, 4])
+        if m is not None:
+            assert state.cache.k.sharding.spec == jax.sharding.PartitionSpec(None, ("data", "fsdp"), None, "tensor", None)
+        results.append(out)
+    for s in prompts:
+        np.testing.assert_array_equal(results[0][s].tokens, results[1][s].tokens)
+        np.testing.assert_allclose(results[0][s].logprobs, results[1][s].logprobs, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- sampling math
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 1.0, 0), (0.7, 1.0, 0), (1.0, 0.8, 0), (0.7, 0.6, 0), (1.0, 1.0, 4)])
+def test_empirical_distribution_matches_softmax(temperature, top_p, top_k):
+    rng = np.random.RandomState(0)
+    logits = jnp.asarray(rng.randn(12) * 1.5, jnp.float32)
+    n = 40_000
+    cfg = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
+    keys = jax.random.split(jax.random.key(1234), n)
+    tokens, policy_lp, sampled_lp = jax.jit(sample, static_argnums=2)(jnp.broadcast_to(logits, (n, 12)), keys, cfg)
+    # Independent reference, in NumPy from the definitions.
+    z = np.asarray(logits, np.float64) / temperature
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    order = np.argsort(-p)
+    keep = np.zeros(12, bool)
+    mass = 0.0
+    for i in order:
+        if mass < top_p:
+            keep[i] = True
+        mass += p[i]
+    if top_k:
+        keep &= np.isin(np.arange(12), order[:top_k])
+    expected = np.where(keep, p, 0.0)
+    expected /= expected.sum()
+    counts = np.bincount(np.asarray(tokens), minlength=12)
+    assert counts[~keep].sum() == 0
+    chi2, pval = stats.chisquare(counts[keep], expected[keep] * n)
+    assert pval > 1e-3, (chi2, pval)
+    # Policy logprob is always the untruncated T=1 one; sampled logprob is of `expected`.
+    full = np.log(np.exp(np.asarray(logits, np.float64) - np.asarray(logits).max()) /
+                  np.exp(np.asarray(logits, np.float64) - np.asarray(logits).max()).sum())
+    np.testing.assert_allclose(np.asarray(policy_lp), full[np.asarray(tokens)], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(sampled_lp), np.log(expected[np.asarray(tokens)]), atol=1e-5)
+
+
+def test_top_p_keeps_at_least_the_most_likely_token():
+    logits = jnp.asarray([[5.0, 0.0, -1.0]])
+    out = sampling_logits(logits, SamplingConfig(temperature=1.0, top_p=0.01))
+    assert np.isfinite(np.asarray(out)[0, 0]) and np.all(np.isinf(np.asarray(out)[0, 1:]))
