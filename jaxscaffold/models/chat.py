@@ -21,7 +21,7 @@ turns after the last real user query, and there only if non-empty or the turn is
 message; earlier turns render content only. `enable_thinking=False` appends the empty
 "<think>\\n\\n</think>\\n\\n" to the generation prompt. Two deliberate strictnesses: an
 unknown role raises ValueError (the template silently drops it) and content must be a
-string or None (None renders as "", like the template's current Hub revision).
+string or None (None renders as "", as in Qwen's later revision of the template).
 
 Multi-turn token-in-token-out rollouts never re-render history: start from
 `render(..., add_generation_prompt=True)`, append the model's sampled ids (ending with
