@@ -20,14 +20,20 @@ MAKE = textwrap.dedent("""
 """)
 
 LOAD = textwrap.dedent("""
-    import json, resource, sys, jax, numpy as np
+    import json, sys, jax, numpy as np
     from jaxscaffold.models import hf_io, sharding
+
+    def peak_rss():
+        # VmHWM, not ru_maxrss: the latter carries the forking parent's peak across exec.
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     mesh = sharding.make_mesh(sharding.MeshConfig(data=1, fsdp=2, tensor=4))
     jax.block_until_ready(jax.device_put(np.zeros(8), jax.devices()[0]))
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    base = peak_rss()
     config, params = hf_io.load_pretrained(sys.argv[1], mesh=mesh)
     jax.block_until_ready(params)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss()
     nbytes = sum(x.nbytes for x in jax.tree.leaves(params))
     print(json.dumps({"baseline": base, "peak": peak, "param_bytes": nbytes}))
 """)
