@@ -4,7 +4,10 @@
 - `cudnn`: `jax.nn.dot_product_attention(implementation="cudnn")`, cuDNN flash attention on
   NVIDIA GPUs (bf16 / f16 only).
 - `splash`: the Pallas splash-attention kernel on TPU (causal + segment ids, sequence
-  lengths padded to the kernel's block size). No KV cache: prefill and training only.
+  lengths padded to the kernel's block size).
+
+With a KV cache (sampling), `cached_attention` is used on every backend: decode is bound by
+reading weights and cache, and it reads the cache exactly once without copying it.
 
 Masks are built from two per-token arrays, so one convention covers right padding, left
 padding, packing and KV caches:
@@ -23,6 +26,10 @@ import numpy as np
 _MASKED = -0.7 * float(np.finfo(np.float32).max)  # finite: fully masked rows stay NaN-free
 
 
+def _acc(dtype):
+    return jnp.promote_types(dtype, jnp.float32)
+
+
 def attention_mask(q_segment_BT, kv_segment_BS, q_index_BT, kv_index_S):
     """Boolean mask_BTS: same non-padding segment and causal by buffer index."""
     same = (q_segment_BT[:, :, None] == kv_segment_BS[:, None, :]) & (kv_segment_BS[:, None, :] != 0)
@@ -35,11 +42,11 @@ def xla_attention(q_BTHK, k_BSGK, v_BSGK, mask_BTS):
     b, t, h, d = q_BTHK.shape
     g = k_BSGK.shape[2]
     q = q_BTHK.reshape(b, t, g, h // g, d)
-    scores = jnp.einsum("btgrd,bsgd->bgrts", q, k_BSGK, preferred_element_type=jnp.float32)
+    scores = jnp.einsum("btgrd,bsgd->bgrts", q, k_BSGK, preferred_element_type=_acc(q.dtype))
     scores = scores * (d ** -0.5)
     scores = jnp.where(mask_BTS[:, None, None], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_BSGK.dtype)
-    out = jnp.einsum("bgrts,bsgd->btgrd", probs, v_BSGK, preferred_element_type=jnp.float32)
+    out = jnp.einsum("bgrts,bsgd->btgrd", probs, v_BSGK, preferred_element_type=_acc(q.dtype))
     return out.reshape(b, t, h, d).astype(q_BTHK.dtype)
 
 
@@ -104,18 +111,37 @@ def resolve_impl(impl: str, compute_dtype: str) -> str:
 
 
 @functools.partial(jax.named_call, name="attention")
-def attend(impl: str, q_BTHK, k_BSGK, v_BSGK, *, q_segment_BT, kv_segment_BS, q_index_BT,
-           kv_index_S, self_attention: bool):
-    """Dispatches to an implementation. `self_attention` means keys are exactly the queries'
-    own tokens (no cache), the only case splash supports."""
+def attend(impl: str, q_BTHK, k_BSGK, v_BSGK, *, q_segment_BT, kv_segment_BS, q_index_BT, kv_index_S):
+    """Self-attention of a whole sequence (no cache) with the chosen implementation."""
     if impl == "splash":
-        if not self_attention:
-            impl = "xla"
-        else:
-            return splash_attention(q_BTHK, k_BSGK, v_BSGK, q_segment_BT)
+        return splash_attention(q_BTHK, k_BSGK, v_BSGK, q_segment_BT)
     mask = attention_mask(q_segment_BT, kv_segment_BS, q_index_BT, kv_index_S)
     if impl == "cudnn":
         return cudnn_attention(q_BTHK, k_BSGK, v_BSGK, mask)
     if impl == "xla":
         return xla_attention(q_BTHK, k_BSGK, v_BSGK, mask)
     raise ValueError(f"unknown attention implementation {impl!r} (xla, cudnn, splash, auto)")
+
+
+@functools.partial(jax.named_call, name="cached_attention")
+def cached_attention(q_BTHK, cache_k_BSGK, cache_v_BSGK, k_BTGK, v_BTGK, *, cache_segment_BS, segment_BT):
+    """Attention of new tokens over [cached tokens; new tokens] without concatenating the
+    cache: the two score blocks share one softmax. Every valid cache slot precedes the new
+    tokens; among the new (right-padded) tokens attention is causal within a segment."""
+    b, t, h, d = q_BTHK.shape
+    g = cache_k_BSGK.shape[2]
+    q = q_BTHK.reshape(b, t, g, h // g, d) * (d ** -0.5)
+    s_old = jnp.einsum("btgrd,bsgd->bgrts", q, cache_k_BSGK, preferred_element_type=_acc(q.dtype))
+    s_new = jnp.einsum("btgrd,bsgd->bgrts", q, k_BTGK, preferred_element_type=_acc(q.dtype))
+    old_ok = (cache_segment_BS != 0)[:, None, :]  # [B, 1, S]
+    idx = jnp.arange(t)
+    new_ok = attention_mask(segment_BT, segment_BT, jnp.broadcast_to(idx, (b, t)), idx)  # [B, T, T]
+    s_old = jnp.where(old_ok[:, None, None], s_old, _MASKED)
+    s_new = jnp.where(new_ok[:, None, None], s_new, _MASKED)
+    m = jnp.maximum(jnp.max(s_old, -1, keepdims=True), jnp.max(s_new, -1, keepdims=True))
+    p_old, p_new = jnp.exp(s_old - m), jnp.exp(s_new - m)
+    norm = jnp.sum(p_old, -1, keepdims=True) + jnp.sum(p_new, -1, keepdims=True)
+    dt = cache_v_BSGK.dtype
+    out = (jnp.einsum("bgrts,bsgd->btgrd", (p_old / norm).astype(dt), cache_v_BSGK, preferred_element_type=_acc(q.dtype))
+           + jnp.einsum("bgrts,bsgd->btgrd", (p_new / norm).astype(dt), v_BTGK, preferred_element_type=_acc(q.dtype)))
+    return out.reshape(b, t, h, d).astype(q_BTHK.dtype)

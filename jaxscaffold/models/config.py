@@ -39,7 +39,9 @@ class Qwen3Config:
     compute_dtype: str = "float32"
     attention_impl: AttentionImpl = "auto"
     remat_policy: RematPolicy = "none"
-    scan_layers: bool = False  # lax.scan over layers keeps compile time flat in depth
+    # lax.scan over layers: compile time flat in depth, and on CPU several times faster than
+    # unrolling (static slices of the stacked weights get copied).
+    scan_layers: bool = True
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:

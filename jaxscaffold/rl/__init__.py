@@ -1,0 +1,1 @@
+"""RL core on arrays only: advantages, PPO / GSPO losses, algorithm presets, DAPO helpers."""

@@ -1,0 +1,65 @@
+"""Per-token log-probabilities and entropies without materialising [B, T, V] logits.
+
+The unembedding and log-softmax run over chunks of the sequence inside a `lax.scan`, each
+chunk under `jax.checkpoint`: the forward keeps only a chunk's [B, C, V] logits at a time,
+and the backward recomputes them chunk by chunk instead of storing them. At Qwen3's vocab of
+151936 this is the difference between gigabytes and megabytes of activations.
+
+Alignment convention (used across `rl`): position t holds log p(tokens[t] | tokens[<t]),
+so `logp_BT[:, 0] = 0` and a loss mask marks the positions of the tokens being trained on.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxscaffold.models import qwen3
+from jaxscaffold.models.config import Qwen3Config
+
+
+def _chunk_stats(params, config, h_BCD, targets_BC):
+    logits = qwen3.unembed(params, config, h_BCD)  # f32 [B, C, V], one chunk only
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.take_along_axis(logits, targets_BC[..., None], axis=-1)[..., 0]
+    probs = jnp.exp(logits - lse[..., None])
+    entropy = lse - jnp.sum(probs * logits, axis=-1)
+    return target_logit - lse, entropy
+
+
+def logprobs_from_hidden(params, config: Qwen3Config, h_BTD, tokens_BT, *, chunk: int = 256):
+    """(logp_BT, entropy_BT) of `tokens_BT` given final hidden states, chunked over T.
+
+    logp_BT[:, t] = log p(tokens[t] | < t) for t >= 1 and 0 at t = 0; entropy likewise
+    of the distribution that predicted token t.
+    """
+    b, t, d = h_BTD.shape
+    n = t - 1
+    if n <= 0:
+        zeros = jnp.zeros((b, t), jnp.float32)
+        return zeros, zeros
+    c = min(chunk, n)
+    pad = (-n) % c
+    h = jnp.pad(h_BTD[:, :-1], ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(tokens_BT[:, 1:], ((0, 0), (0, pad)))
+    k = (n + pad) // c
+    h_KBCD = h.reshape(b, k, c, d).swapaxes(0, 1)
+    t_KBC = targets.reshape(b, k, c).swapaxes(0, 1)
+    stats = jax.checkpoint(lambda hc, tc: _chunk_stats(params, config, hc, tc))
+
+    def body(_, xs):
+        return None, stats(*xs)
+
+    _, (logp, ent) = jax.lax.scan(body, None, (h_KBCD, t_KBC))
+    logp = logp.swapaxes(0, 1).reshape(b, -1)[:, :n]
+    ent = ent.swapaxes(0, 1).reshape(b, -1)[:, :n]
+    first = jnp.zeros((b, 1), jnp.float32)
+    return jnp.concatenate([first, logp], 1), jnp.concatenate([first, ent], 1)
+
+
+def token_logprobs(params, config: Qwen3Config, tokens_BT, *, segment_ids_BT=None, positions_BT=None,
+                   chunk: int = 256):
+    """(logp_BT, entropy_BT) of a batch under the model (teacher forcing)."""
+    h = qwen3.hidden_states(params, config, tokens_BT, segment_ids_BT=segment_ids_BT,
+                            positions_BT=positions_BT)
+    return logprobs_from_hidden(params, config, h, tokens_BT, chunk=chunk)

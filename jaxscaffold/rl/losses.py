@@ -1,0 +1,268 @@
+"""Policy-gradient losses on token arrays: PPO-clip (with dual clip) and GSPO, in JAX.
+
+Everything here sees arrays only: `logp_BT` (current policy, differentiable), `old_logp_BT`
+(the policy that sampled the rollout), `adv_B` (one advantage per row, or `adv_BT`), and
+`mask_BT` (1 on tokens the loss trains: model tokens of valid rows; 0 on prompt, environment
+and padding tokens).
+
+Aggregation (`agg`), with `m` the mask, `n_b` the valid tokens of row b, `N` the valid tokens
+of the batch and `S` the rows with at least one valid token:
+
+- `token-mean`:              sum(loss m) / N  (DAPO: every token of the batch weighs the same);
+- `seq-mean-token-mean`:     sum_b [sum_t loss m / n_b] / S  (GRPO, GSPO);
+- `seq-mean-token-sum`:      sum(loss m) / S;
+- `seq-mean-token-sum-norm`: sum(loss m) / (S * agg_constant)  (Dr.GRPO, constant e.g. the max
+  response length). This is the Dr.GRPO objective (1/G) sum_i sum_t / MAX_TOKENS and verl's
+  definition since its fix that restored the sequence mean (verl PRs #5417, #6157); earlier
+  verl releases divided only by the constant, which scales the loss with the batch size.
+
+Exact gradient accumulation: every mode is a sum over rows of row-local terms divided by
+batch-wide counts (N, S). Pass `denominators=loss_denominators(mask_BT_of_full_batch)` to
+every micro-batch call and the sum of the micro-batch losses (and of their gradients) equals
+the full-batch loss exactly; without it the local counts are used (right for one micro-batch).
+
+Metrics are built the same way, so the train step combines micro-batches with
+`merge_metrics` (a sum for every entry except `ratio_min` / `ratio_max`, which take min / max).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+LOSS_MODES = ("ppo", "gspo")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+LOG_RATIO_CLAMP = 20.0  # PPO: exp of a larger log-ratio overflows and only adds noise
+GSPO_LOG_RATIO_MAX = 10.0  # GSPO: upper clamp of the token log-ratio before exp, as verl
+K3_VALUE_CLAMP = 10.0  # k3: verl's low_var_kl clamps the estimate to [-10, 10]
+
+
+def loss_denominators(mask_BT) -> dict:
+    """The batch-wide counts every aggregation divides by: {"tokens": N, "seqs": S}.
+
+    Compute them once on the FULL batch and pass them to each micro-batch's `policy_loss`.
+    """
+    m = jnp.asarray(mask_BT).astype(jnp.float32)
+    return {"tokens": m.sum(), "seqs": (m.sum(-1) > 0).sum().astype(jnp.float32)}
+
+
+def aggregate(x_BT, mask_BT, agg: str = "token-mean", *, denominators=None, agg_constant=None):
+    """Reduces a per-token array to a scalar with one of `AGG_MODES` (module docstring)."""
+    if agg not in AGG_MODES:
+        raise ValueError(f"unknown agg {agg!r}; expected one of {AGG_MODES}")
+    if agg == "seq-mean-token-sum-norm" and agg_constant is None:
+        raise ValueError("agg='seq-mean-token-sum-norm' needs agg_constant (e.g. the max response length)")
+    if denominators is None:
+        denominators = loss_denominators(mask_BT)
+    valid = jnp.asarray(mask_BT).astype(bool)
+    # where, not multiply: padded positions may hold inf / nan that must not leak into sums.
+    x_BT = jnp.where(valid, x_BT, 0.0)
+    # Clamped at 1 so an all-padding (micro-)batch gives 0 instead of nan.
+    n_tok = jnp.maximum(jnp.asarray(denominators["tokens"], x_BT.dtype), 1.0)
+    n_seq = jnp.maximum(jnp.asarray(denominators["seqs"], x_BT.dtype), 1.0)
+    if agg == "token-mean":
+        return x_BT.sum() / n_tok
+    if agg == "seq-mean-token-mean":
+        len_B = jnp.maximum(valid.sum(-1).astype(x_BT.dtype), 1.0)
+        return (x_BT.sum(-1) / len_B).sum() / n_seq
+    if agg == "seq-mean-token-sum":
+        return x_BT.sum() / n_seq
+    return x_BT.sum() / (n_seq * agg_constant)
+
+
+def token_pg_loss(
+    logp_BT,
+    old_logp_BT,
+    adv_B,
+    mask_BT,
+    *,
+    loss_mode: str = "ppo",
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    clip_c: float | None = None,
+):
+    """Per-token clipped surrogate loss and the importance ratio it used: (loss_BT, ratio_BT).
+
+    ppo:  r = exp(clamp(logp - old_logp, -20, 20)) per token.
+    gspo: r = the sequence ratio exp(mean over valid tokens of (logp - old_logp)), in the token
+          form exp(logp - sg(logp) + sg(seq log-ratio)) clamped at log 10 before exp: its value
+          is the sequence ratio, its gradient flows through each token's own logp.
+    Both: loss = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)); with `clip_c` (ppo only,
+    dual clip) tokens with A < 0 take min(that, -A clip_c).
+    """
+    if loss_mode not in LOSS_MODES:
+        raise ValueError(f"unknown loss_mode {loss_mode!r}; expected one of {LOSS_MODES}")
+    if clip_c is not None:
+        if loss_mode != "ppo":
+            raise ValueError("dual clip (clip_c) is defined for loss_mode='ppo' only")
+        if isinstance(clip_c, (int, float)) and clip_c <= 1.0:
+            raise ValueError(f"dual clip needs clip_c > 1, got {clip_c}")
+    dtype = jnp.promote_types(jnp.asarray(logp_BT).dtype, jnp.float32)
+    valid = jnp.asarray(mask_BT).astype(bool)
+    logp_BT = _masked(logp_BT, valid, dtype)
+    old_logp_BT = _masked(old_logp_BT, valid, dtype)
+    adv_BT = jnp.where(valid, _adv_per_token(adv_B, logp_BT.shape, dtype), 0.0)
+
+    if loss_mode == "ppo":
+        ratio_BT = jnp.exp(jnp.clip(logp_BT - old_logp_BT, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    else:
+        seq_log_ratio_B = (logp_BT - old_logp_BT).sum(-1) / jnp.maximum(valid.sum(-1), 1)
+        sg = jax.lax.stop_gradient
+        log_s_BT = logp_BT - sg(logp_BT) + sg(seq_log_ratio_B)[:, None]
+        ratio_BT = jnp.exp(jnp.minimum(log_s_BT, GSPO_LOG_RATIO_MAX))
+
+    unclipped_BT = -adv_BT * ratio_BT
+    clipped_BT = -adv_BT * jnp.clip(ratio_BT, 1.0 - clip_low, 1.0 + clip_high)
+    loss_BT = jnp.maximum(unclipped_BT, clipped_BT)
+    if clip_c is not None:
+        loss_BT = jnp.where(adv_BT < 0, jnp.minimum(loss_BT, -adv_BT * clip_c), loss_BT)
+    return loss_BT, ratio_BT
+
+
+def _masked(x_BT, valid_BT, dtype):
+    """Zero on padding *before* any math: nan / inf there would poison exp's backward pass."""
+    return jnp.where(valid_BT, jnp.asarray(x_BT, dtype), 0.0)
+
+
+def _adv_per_token(adv_B, shape_BT, dtype):
+    """A per-row advantage is spread uniformly over the row's tokens."""
+    adv = jnp.asarray(adv_B, dtype)
+    return jnp.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, shape_BT)
+
+
+def kl_penalty(logp_BT, ref_logp_BT, estimator: str = "k1"):
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi, `lr = logp - ref_logp`.
+
+    k1: lr (unbiased, high variance, can be negative);  k2: 0.5 lr^2;
+    k3: exp(-lr) + lr - 1 (unbiased, >= 0; verl's low_var_kl: -lr clamped to [-20, 20] before
+        exp, the estimate clamped to [-10, 10]).
+
+    Two uses: in the loss (`policy_loss(ref_logp_BT=..., kl_coef=...)`, GRPO style, usually k3);
+    or in the reward (PPO style), where the train step subtracts
+    `kl_coef * kl_penalty(old_logp_BT, ref_logp_BT, "k1")` from the per-token rewards of the
+    rollout policy before computing scores and advantages.
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"unknown kl_estimator {estimator!r}; expected one of {KL_ESTIMATORS}")
+    dtype = jnp.promote_types(jnp.asarray(logp_BT).dtype, jnp.float32)
+    lr_BT = jnp.asarray(logp_BT, dtype) - jnp.asarray(ref_logp_BT, dtype)
+    if estimator == "k1":
+        return lr_BT
+    if estimator == "k2":
+        return 0.5 * jnp.square(lr_BT)
+    neg_lr_BT = jnp.clip(-lr_BT, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return jnp.clip(jnp.exp(neg_lr_BT) - neg_lr_BT - 1.0, -K3_VALUE_CLAMP, K3_VALUE_CLAMP)
+
+
+def policy_loss(
+    logp_BT,
+    old_logp_BT,
+    adv_B,
+    mask_BT,
+    *,
+    loss_mode: str = "ppo",
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    clip_c: float | None = None,
+    agg: str = "token-mean",
+    ref_logp_BT=None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    agg_constant=None,
+    entropy_BT=None,
+    entropy_coef: float = 0.0,
+    denominators=None,
+):
+    """The clipped policy loss of one (micro-)batch and its metrics: (loss, metrics).
+
+    loss = agg(token_pg_loss) + kl_coef * agg(kl_penalty(logp, ref_logp, kl_estimator))
+           - entropy_coef * agg(entropy_BT)
+    Jit-able with the string / None options static; differentiable w.r.t. `logp_BT`.
+
+    Args:
+      logp_BT, old_logp_BT: log-probs of the sampled tokens under the current / rollout policy.
+      adv_B: advantages, one per row (or per token, `[B, T]`).
+      mask_BT: 1 where the token is trained on.
+      loss_mode: "ppo" or "gspo" (see `token_pg_loss`); clip_low / clip_high / clip_c likewise.
+      agg: one of `AGG_MODES`; agg_constant: the constant of "seq-mean-token-sum-norm".
+      ref_logp_BT, kl_coef, kl_estimator: KL-to-reference term in the loss (off when no ref).
+      entropy_BT, entropy_coef: per-token entropies computed by the caller, and the bonus weight.
+      denominators: `loss_denominators` of the full batch for exact gradient accumulation.
+
+    Metrics (scalars; token means over valid tokens with the same denominators, so summing
+    micro-batch metrics gives the full-batch value, see `merge_metrics`):
+      loss, pg_loss (the aggregated surrogate), clipfrac_upper (A > 0 and r > 1 + clip_high),
+      clipfrac_lower (A < 0 and r < 1 - clip_low), clipfrac_dual (A < 0 and -A r > -A clip_c,
+      i.e. r > clip_c; 0 without dual clip), approx_kl (k3 estimate of KL(pi_old || pi):
+      (r - 1) - log r with the per-token ratio, unbiased under rollout samples, >= 0),
+      ratio_mean, ratio_min, ratio_max (ratio used by the loss: per token for ppo, per
+      sequence for gspo), kl (with a reference: token mean of the estimator), entropy (if given).
+    """
+    if denominators is None:
+        denominators = loss_denominators(mask_BT)
+    if ref_logp_BT is None and not (isinstance(kl_coef, (int, float)) and kl_coef == 0):
+        raise ValueError("kl_coef is set but ref_logp_BT is None")
+    agg_fn = functools.partial(
+        aggregate, mask_BT=mask_BT, agg=agg, denominators=denominators, agg_constant=agg_constant
+    )
+    token_mean = functools.partial(aggregate, mask_BT=mask_BT, agg="token-mean", denominators=denominators)
+
+    dtype = jnp.promote_types(jnp.asarray(logp_BT).dtype, jnp.float32)
+    valid = jnp.asarray(mask_BT).astype(bool)
+    logp_BT = _masked(logp_BT, valid, dtype)
+    old_logp_BT = _masked(old_logp_BT, valid, dtype)
+
+    loss_BT, ratio_BT = token_pg_loss(
+        logp_BT, old_logp_BT, adv_B, mask_BT,
+        loss_mode=loss_mode, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c,
+    )  # fmt: skip
+    pg_loss = agg_fn(loss_BT)
+    loss = pg_loss
+    metrics = {}
+    if ref_logp_BT is not None:
+        kl_BT = kl_penalty(logp_BT, _masked(ref_logp_BT, valid, dtype), kl_estimator)
+        loss = loss + kl_coef * agg_fn(kl_BT)
+        metrics["kl"] = token_mean(kl_BT)
+    if entropy_BT is not None:
+        entropy_BT = _masked(entropy_BT, valid, dtype)
+        loss = loss - entropy_coef * agg_fn(entropy_BT)
+        metrics["entropy"] = token_mean(entropy_BT)
+
+    # Metrics carry no gradient; flags are 0/1 per token, averaged like the loss.
+    sg = jax.lax.stop_gradient
+    ratio_BT = sg(ratio_BT)
+    adv_BT = _adv_per_token(adv_B, ratio_BT.shape, dtype)
+    upper_BT = (adv_BT > 0) & (ratio_BT > 1.0 + clip_high)
+    lower_BT = (adv_BT < 0) & (ratio_BT < 1.0 - clip_low)
+    dual_BT = (adv_BT < 0) & (ratio_BT > clip_c) if clip_c is not None else jnp.zeros_like(upper_BT)
+    log_r_BT = jnp.clip(sg(logp_BT - old_logp_BT), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    metrics.update(
+        loss=sg(loss),
+        pg_loss=sg(pg_loss),
+        clipfrac_upper=token_mean(upper_BT.astype(dtype)),
+        clipfrac_lower=token_mean(lower_BT.astype(dtype)),
+        clipfrac_dual=token_mean(dual_BT.astype(dtype)),
+        approx_kl=token_mean(jnp.expm1(log_r_BT) - log_r_BT),
+        ratio_mean=token_mean(ratio_BT),
+        ratio_min=jnp.min(jnp.where(valid, ratio_BT, jnp.inf)),
+        ratio_max=jnp.max(jnp.where(valid, ratio_BT, -jnp.inf)),
+    )
+    metrics = {k: sg(v) for k, v in metrics.items()}
+    return loss, metrics
+
+
+def merge_metrics(metrics_list):
+    """Combines per-micro-batch metrics computed with the full batch's `denominators`.
+
+    Everything is a sum over micro-batches except ratio_min / ratio_max (min / max).
+    """
+    reducers = {"ratio_min": jnp.minimum, "ratio_max": jnp.maximum}
+    merged = dict(metrics_list[0])
+    for metrics in metrics_list[1:]:
+        for k, v in metrics.items():
+            merged[k] = reducers.get(k, jnp.add)(merged[k], v)
+    return merged

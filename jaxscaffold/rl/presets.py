@@ -1,0 +1,92 @@
+"""Named algorithm settings (GRPO, DAPO, GSPO, Dr.GRPO) as the FEE reference code runs them.
+
+Values follow the FEE reference code (EnvAsScaffold on verl): see REFERENCE.md section 1
+("Batch ...") and section 3. Choices the reference leaves open, with their source:
+
+- clip_c = 3: verl's PPO loss ("vanilla") always applies the dual clip with clip_ratio_c 3.0,
+  so GRPO / DAPO / Dr.GRPO runs on verl have it; verl's GSPO loss has no dual clip (None).
+- DAPO overlong_buffer = 512 tokens, factor 1.0: the DAPO recipe uses a 4096-token buffer
+  for a 20480-token limit (a fifth of it); with the reference's 2048-token responses the same
+  shaping needs a buffer of a few hundred tokens, 512 here. Override with the run's budget.
+- Dr.GRPO (arXiv 2503.20783; verl's recipe: `norm_adv_by_std_in_grpo=False`,
+  `loss_agg_mode=seq-mean-token-sum-norm`): mean-only advantage and a constant token
+  normaliser; the train step passes `agg_constant` = the max response length to `policy_loss`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxscaffold.rl.advantages import ESTIMATORS
+from jaxscaffold.rl.losses import AGG_MODES, KL_ESTIMATORS, LOSS_MODES
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmConfig:
+    """One RL algorithm: advantage estimator, policy loss and sampling-side tricks."""
+
+    name: str
+    estimator: str = "grpo"  # advantages(): grpo | drgrpo | rloo
+    loss_mode: str = "ppo"  # policy_loss(): ppo | gspo
+    clip_low: float = 0.2  # ratio clipped below at 1 - clip_low
+    clip_high: float = 0.2  # ratio clipped above at 1 + clip_high (DAPO clip-higher: > clip_low)
+    clip_c: float | None = 3.0  # dual-clip bound for A < 0 (ppo only); None = off
+    agg: str = "seq-mean-token-mean"  # loss aggregation, see losses.AGG_MODES
+    kl_coef: float = 0.0  # KL-to-reference weight in the loss; 0 = no reference model needed
+    kl_estimator: str = "k3"  # k1 | k2 | k3 (low_var_kl)
+    entropy_coef: float = 0.0  # entropy bonus weight
+    dynamic_sampling: bool = False  # DAPO: drop groups whose binary success is all equal
+    max_num_gen_batches: int = 10  # generation batches allowed to fill one step's groups
+    overlong_buffer: int | None = None  # DAPO overlong shaping buffer in tokens; None = off
+    overlong_factor: float = 1.0  # penalty at the length limit (-factor)
+    norm_std: bool = True  # divide group-centred scores by the group std (grpo estimator)
+
+    def __post_init__(self):
+        for field, value, allowed in (
+            ("estimator", self.estimator, ESTIMATORS),
+            ("loss_mode", self.loss_mode, LOSS_MODES),
+            ("agg", self.agg, AGG_MODES),
+            ("kl_estimator", self.kl_estimator, KL_ESTIMATORS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"{self.name}: {field}={value!r} is not one of {allowed}")
+        if self.clip_c is not None and (self.loss_mode != "ppo" or self.clip_c <= 1.0):
+            raise ValueError(f"{self.name}: clip_c={self.clip_c} needs loss_mode='ppo' and clip_c > 1")
+        if self.overlong_buffer is not None and self.overlong_buffer <= 0:
+            raise ValueError(f"{self.name}: overlong_buffer must be positive or None")
+
+    def loss_kwargs(self) -> dict:
+        """The keyword arguments of `losses.policy_loss` this config sets."""
+        names = ("loss_mode", "clip_low", "clip_high", "clip_c", "agg", "kl_coef", "kl_estimator", "entropy_coef")
+        return {k: getattr(self, k) for k in names}
+
+    def advantage_kwargs(self) -> dict:
+        """The keyword arguments of `advantages.advantages` this config sets."""
+        return {"estimator": self.estimator, "norm_std": self.norm_std}
+
+
+PRESETS = {
+    "grpo": AlgorithmConfig(name="grpo"),
+    "dapo": AlgorithmConfig(
+        name="dapo",
+        clip_high=0.28,
+        agg="token-mean",
+        dynamic_sampling=True,
+        max_num_gen_batches=10,
+        overlong_buffer=512,
+        overlong_factor=1.0,
+    ),
+    "gspo": AlgorithmConfig(name="gspo", loss_mode="gspo", clip_low=3e-4, clip_high=4e-4, clip_c=None),
+    "drgrpo": AlgorithmConfig(name="drgrpo", estimator="drgrpo", agg="seq-mean-token-sum-norm", norm_std=False),
+}
+
+
+def preset(name: str, **overrides) -> AlgorithmConfig:
+    """The named preset with some fields replaced, e.g. `preset("grpo", kl_coef=0.001)`."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown algorithm preset {name!r}; known: {sorted(PRESETS)}")
+    fields = {f.name for f in dataclasses.fields(AlgorithmConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"unknown AlgorithmConfig fields {unknown}; fields: {sorted(fields)}")
+    return dataclasses.replace(PRESETS[name], **overrides)

@@ -1,0 +1,181 @@
+"""One jitted optimizer step of the policy loss, sharded, with exact gradient accumulation.
+
+A batch is a dict of arrays (all rows of one optimizer step):
+  tokens_BT      int32   the token sequence (prompt, model and environment tokens)
+  segment_ids_BT int32   0 = padding (see `qwen3.hidden_states`)
+  loss_mask_BT   int32   1 on the tokens trained on (model tokens), aligned with tokens
+  old_logp_BT    f32     log-probs of those tokens under the rollout policy
+  adv_B          f32     advantage of each row (spread uniformly over its tokens)
+
+The batch is split into `num_micro_batches` micro-batches whose gradients are summed inside
+the jitted step. Every loss term is divided by the *full batch's* token / sequence counts
+(`losses.loss_denominators`), so any number of micro-batches gives the same update as one
+big batch, in every aggregation mode. A step whose loss or gradient is not finite is
+skipped (parameters and optimizer state unchanged) and counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxscaffold.models.config import Qwen3Config
+from jaxscaffold.models.qwen3 import param_shapes, param_shardings
+from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules
+from jaxscaffold.rl.logprobs import token_logprobs
+from jaxscaffold.rl.losses import loss_denominators, policy_loss
+from jaxscaffold.rl.presets import AlgorithmConfig
+
+BATCH_AXES = {
+    "tokens_BT": ("batch", "seq"), "segment_ids_BT": ("batch", "seq"), "loss_mask_BT": ("batch", "seq"),
+    "old_logp_BT": ("batch", "seq"), "adv_B": ("batch",),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW with global-norm clipping and a warmup-then-constant (or cosine) schedule."""
+
+    lr: float = 1e-6
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    schedule: str = "constant"  # constant | cosine (decays to 0 at decay_steps)
+    decay_steps: int = 0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+
+    def learning_rate(self) -> optax.Schedule:
+        if self.schedule == "constant":
+            after = optax.constant_schedule(self.lr)
+        elif self.schedule == "cosine":
+            after = optax.cosine_decay_schedule(self.lr, max(1, self.decay_steps - self.warmup_steps))
+        else:
+            raise ValueError(f"unknown schedule {self.schedule!r} (constant, cosine)")
+        if self.warmup_steps <= 0:
+            return after
+        warmup = optax.linear_schedule(0.0, self.lr, self.warmup_steps)
+        return optax.join_schedules([warmup, after], [self.warmup_steps])
+
+    def make(self) -> optax.GradientTransformation:
+        return optax.chain(
+            optax.clip_by_global_norm(self.grad_clip),
+            optax.adamw(self.learning_rate(), b1=self.b1, b2=self.b2, eps=self.eps,
+                        weight_decay=self.weight_decay),
+        )
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainState:
+    step: jax.Array  # int32: optimizer steps taken (skipped ones excluded)
+    params: Any
+    opt_state: Any
+    skipped: jax.Array  # int32: steps skipped for a non-finite loss or gradient
+
+
+def init_train_state(params, optimizer: optax.GradientTransformation) -> TrainState:
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
+                      skipped=jnp.zeros((), jnp.int32))
+
+
+def state_shardings(config: Qwen3Config, optimizer, mesh, rules: ShardingRules = DEFAULT_RULES) -> TrainState:
+    """Shardings of a TrainState: optimizer moments shard like their parameters."""
+    p_sh = param_shardings(config, mesh, rules)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    shapes = jax.eval_shape(optimizer.init, param_shapes(config))
+    opt_sh = optax.tree_map_params(optimizer, lambda _, s: s, shapes, p_sh,
+                                   transform_non_params=lambda _: replicated)
+    return TrainState(step=replicated, params=p_sh, opt_state=opt_sh, skipped=replicated)
+
+
+def batch_shardings(mesh, rules: ShardingRules = DEFAULT_RULES) -> dict:
+    return {k: rules.sharding(mesh, axes) for k, axes in BATCH_AXES.items()}
+
+
+def _micro_batches(batch: dict, n: int) -> dict:
+    """[B, ...] -> [n, B/n, ...], micro-batch m taking rows m, m+n, m+2n, ...: with the batch
+    sharded in contiguous blocks, every device holds rows of every micro-batch."""
+    def split(x):
+        if x.shape[0] % n:
+            raise ValueError(f"batch of {x.shape[0]} rows is not divisible into {n} micro-batches")
+        return x.reshape((x.shape[0] // n, n) + x.shape[1:]).swapaxes(0, 1)
+    return jax.tree.map(split, batch)
+
+
+def make_train_step(model_config: Qwen3Config, algo: AlgorithmConfig, optimizer: optax.GradientTransformation,
+                    *, num_micro_batches: int = 1, agg_constant: float | None = None, logprob_chunk: int = 256,
+                    mesh=None, rules: ShardingRules = DEFAULT_RULES, with_reference: bool = False
+                    ) -> Callable:
+    """Builds `train_step(state, batch[, ref_params]) -> (state, metrics)`, jitted.
+
+    With a mesh, the step has explicit in/out shardings (parameters and optimizer state as
+    the rules say, rows over the batch axes) and donates the state. `with_reference` adds the
+    frozen reference parameters argument (needed when `algo.kl_coef > 0`).
+    """
+    if algo.kl_coef and not with_reference:
+        raise ValueError(f"{algo.name}: kl_coef={algo.kl_coef} needs with_reference=True (frozen reference params)")
+    loss_kwargs = algo.loss_kwargs()
+
+    def micro_loss(params, mb, denominators, ref_params):
+        logp, entropy = token_logprobs(params, model_config, mb["tokens_BT"], segment_ids_BT=mb["segment_ids_BT"],
+                                       chunk=logprob_chunk)
+        ref_logp = None
+        if ref_params is not None:
+            ref_logp = jax.lax.stop_gradient(token_logprobs(
+                ref_params, model_config, mb["tokens_BT"], segment_ids_BT=mb["segment_ids_BT"],
+                chunk=logprob_chunk)[0])
+        return policy_loss(logp, mb["old_logp_BT"], mb["adv_B"], mb["loss_mask_BT"], ref_logp_BT=ref_logp,
+                           entropy_BT=entropy, agg_constant=agg_constant, denominators=denominators,
+                           **loss_kwargs)
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def step(state: TrainState, batch: dict, ref_params=None):
+        batch = {k: batch[k] for k in BATCH_AXES}
+        denominators = loss_denominators(batch["loss_mask_BT"])
+        micro = _micro_batches(batch, num_micro_batches)
+
+        def accumulate(carry, mb):
+            grads, metrics = carry
+            (_, m), g = grad_fn(state.params, mb, denominators, ref_params)
+            merged = {k: _MERGE.get(k, jnp.add)(metrics[k], v) for k, v in m.items()}
+            return (jax.tree.map(jnp.add, grads, g), merged), None
+
+        first = jax.tree.map(lambda x: x[0], micro)
+        (_, metrics), grads = grad_fn(state.params, first, denominators, ref_params)
+        if num_micro_batches > 1:
+            rest = jax.tree.map(lambda x: x[1:], micro)
+            (grads, metrics), _ = jax.lax.scan(accumulate, (grads, metrics), rest)
+
+        grad_norm = optax.global_norm(grads)
+        finite = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"])
+        updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
+        new_params = optax.apply_updates(state.params, updates)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+        new_state = TrainState(
+            step=state.step + finite.astype(jnp.int32), params=keep(new_params, state.params),
+            opt_state=keep(new_opt, state.opt_state), skipped=state.skipped + (~finite).astype(jnp.int32))
+        metrics = dict(metrics, grad_norm=grad_norm, skipped=(~finite).astype(jnp.float32),
+                       tokens=denominators["tokens"])
+        return new_state, metrics
+
+    if not with_reference:
+        fn = lambda state, batch: step(state, batch)  # noqa: E731
+    else:
+        fn = step
+    if mesh is None:
+        return jax.jit(fn, donate_argnums=(0,))
+    st_sh = state_shardings(model_config, optimizer, mesh, rules)
+    in_sh = (st_sh, batch_shardings(mesh, rules)) + ((st_sh.params,) if with_reference else ())
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return jax.jit(fn, in_shardings=in_sh, out_shardings=(st_sh, replicated), donate_argnums=(0,))
+
+
+_MERGE = {"ratio_min": jnp.minimum, "ratio_max": jnp.maximum}  # every other metric is a sum
