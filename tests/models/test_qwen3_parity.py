@@ -90,7 +90,7 @@ def test_packed_segments_equal_separate_sequences(tmp_path):
         start += len(p)
 
 
-def test_bf16_compute_is_close_in_kl(tmp_path):
+def test_bf16_compute_is_close_in_kl(tmp_path, capsys):
     """bf16 compute on f32 master weights vs the f32 reference: mean KL(ref || ours)."""
     model, config, params = _load(tmp_path, std=0.1)
     tokens = np.random.RandomState(0).randint(0, config.vocab_size, (4, 32))
@@ -99,7 +99,9 @@ def test_bf16_compute_is_close_in_kl(tmp_path):
     logp_ref = jax.nn.log_softmax(ref, -1)
     logp = jax.nn.log_softmax(ours, -1)
     kl = float(jnp.mean(jnp.sum(jnp.exp(logp_ref) * (logp_ref - logp), -1)))
-    # Bound stated in the issue note: mean per-token KL below 1e-3 nats.
+    with capsys.disabled():
+        print(f"\n[parity] bf16 compute vs f32 transformers: mean per-token KL {kl:.2e} nats")
+    # The stated bound: mean per-token KL below 1e-3 nats.
     assert kl < 1e-3, kl
 
 

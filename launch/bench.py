@@ -1,0 +1,37 @@
+"""Benchmarks: each prints its figures next to a reference measured in the same run.
+
+  python launch/bench.py {sampler,train} [--json] [--quick]
+
+`--json` prints one JSON object per figure: name, value, unit and, where there is a
+reference, ratio (ours / reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from benchmarks import common  # noqa: E402
+
+SUITES = {
+    "sampler": "benchmarks.sampler",
+    "train": "benchmarks.train",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("suite", choices=sorted(SUITES))
+    parser.add_argument("--json", action="store_true", help="one JSON object per figure")
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions, smaller configs only")
+    args = parser.parse_args()
+    common.REPORT.json = args.json
+    module = __import__(SUITES[args.suite], fromlist=["run"])
+    module.run(quick=args.quick)
+
+
+if __name__ == "__main__":
+    main()
