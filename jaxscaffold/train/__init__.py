@@ -1,0 +1,1 @@
+"""The training job: configs, checkpoints, logging and the loop that wires everything."""
