@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command per job on a fresh machine: sets up .venv (once), then runs the job.
-#   bash launch/dev.sh demo    # the main job on the embedded default (tiny model, CPU)
+#   bash launch/dev.sh demo    # the main job on the embedded default (configs/tiny.py, CPU)
 #   bash launch/dev.sh test    # the whole test suite   (test-quick: without slow tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,13 +16,17 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # The CPU build of PyTorch is the parity reference (transformers' Qwen3) in tests;
   # pinning it first keeps pip from pulling a multi-GB CUDA build.
   .venv/bin/pip install -q "torch==2.13.0"
-  .venv/bin/pip install -q -e ".[test]"
+  .venv/bin/pip install -q -e ".[test,envs]"
+  # Installed without their declared dependencies (see pyproject.toml's `envs` extra).
+  .venv/bin/pip install -q --no-deps bfcl-eval==2025.7.17 alfworld==0.4.2 textworld==1.7.0
+  # These two build C/C++ code whose build script calls `python` from PATH: the venv's.
+  PATH="$PWD/.venv/bin:$PATH" .venv/bin/pip install -q --no-deps fast-downward-textworld==20.6.4 jericho==3.3.1
   touch "$stamp"
 fi
 
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 case "$job" in
-  demo) exec .venv/bin/python launch/demo.py "$@" ;;
+  demo) exec .venv/bin/python launch/tpu_train.py --config tiny.py "$@" ;;
   test) exec .venv/bin/python -m pytest -q -n 2 --durations=15 "$@" ;;
   test-quick) exec .venv/bin/python -m pytest -q -n 2 -m "not slow" "$@" ;;
   *) echo "usage: bash launch/dev.sh {demo|test|test-quick} [args]" >&2; exit 2 ;;

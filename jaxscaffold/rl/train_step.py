@@ -110,11 +110,13 @@ def _micro_batches(batch: dict, n: int) -> dict:
 
 
 def make_train_step(model_config: Qwen3Config, algo: AlgorithmConfig, optimizer: optax.GradientTransformation,
-                    *, num_micro_batches: int = 1, agg_constant: float | None = None, logprob_chunk: int = 256,
+                    *, num_micro_batches: int = 1, agg_constant: float | None = None, logprob_chunk: int | None = None,
                     mesh=None, rules: ShardingRules = DEFAULT_RULES, with_reference: bool = False
                     ) -> Callable:
     """Builds `train_step(state, batch[, ref_params]) -> (state, metrics)`, jitted.
 
+    `logprob_chunk` is the sequence positions per logprob chunk (default: about 1024 tokens
+    of the micro-batch, i.e. ~600 MB of f32 logits at Qwen3's vocabulary).
     With a mesh, the step has explicit in/out shardings (parameters and optimizer state as
     the rules say, rows over the batch axes) and donates the state. `with_reference` adds the
     frozen reference parameters argument (needed when `algo.kl_coef > 0`).
@@ -124,13 +126,15 @@ def make_train_step(model_config: Qwen3Config, algo: AlgorithmConfig, optimizer:
     loss_kwargs = algo.loss_kwargs()
 
     def micro_loss(params, mb, denominators, ref_params):
+        # Positions per logprob chunk: about 1024 tokens of [tokens, vocab] f32 logits at once.
+        chunk = logprob_chunk or max(1, 1024 // mb["tokens_BT"].shape[0])
         logp, entropy = token_logprobs(params, model_config, mb["tokens_BT"], segment_ids_BT=mb["segment_ids_BT"],
-                                       chunk=logprob_chunk)
+                                       chunk=chunk)
         ref_logp = None
         if ref_params is not None:
             ref_logp = jax.lax.stop_gradient(token_logprobs(
                 ref_params, model_config, mb["tokens_BT"], segment_ids_BT=mb["segment_ids_BT"],
-                chunk=logprob_chunk)[0])
+                chunk=chunk)[0])
         return policy_loss(logp, mb["old_logp_BT"], mb["adv_B"], mb["loss_mask_BT"], ref_logp_BT=ref_logp,
                            entropy_BT=entropy, agg_constant=agg_constant, denominators=denominators,
                            **loss_kwargs)

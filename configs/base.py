@@ -1,0 +1,71 @@
+"""Defaults shared by every config; each experiment file overrides what it changes."""
+
+from ml_collections import ConfigDict
+
+
+def get_config() -> ConfigDict:
+    c = ConfigDict()
+    c.seed = 0  # run seed: task order, sampling keys, feedback decisions (restart-safe)
+    c.out_dir = "runs/default"  # logs (tensorboard, metrics.jsonl), checkpoints, curves.png
+    c.steps = 200  # training steps (one rollout batch + its optimizer steps each)
+
+    c.model = ConfigDict()
+    c.model.hf_path = ""  # local HF checkpoint directory; empty: random init of `preset`
+    c.model.preset = "qwen3-4b"  # jaxscaffold.models.config preset name, or "tiny"
+    c.model.tokenizer = ""  # HF tokenizer directory; empty: hf_path's, else the offline Qwen3 one
+    c.model.param_dtype = "float32"  # master weights
+    c.model.compute_dtype = "bfloat16"  # matmuls (accumulated in f32)
+    c.model.cache_dtype = "bfloat16"  # sampler KV cache
+    c.model.scan_layers = True  # lax.scan over layers (compile time flat in depth)
+    c.model.remat_policy = "full"  # none | full | save_dots: activation memory vs recompute
+
+    c.mesh = ConfigDict()
+    c.mesh.data = -1  # pure data parallelism (-1: all remaining devices)
+    c.mesh.fsdp = 1  # data parallel with sharded parameters and optimizer state
+    c.mesh.tensor = 1  # tensor parallelism over heads / MLP / vocab
+
+    c.rl = ConfigDict()
+    c.rl.algorithm = "grpo"  # grpo | dapo | gspo | drgrpo (jaxscaffold.rl.presets)
+    c.rl.lr = 1e-6  # AdamW learning rate (constant after warmup)
+    c.rl.weight_decay = 0.01  # AdamW decoupled weight decay
+    c.rl.grad_clip = 1.0  # global-norm gradient clipping
+    c.rl.warmup_steps = 0  # linear warmup of the learning rate
+    c.rl.ppo_epochs = 1  # passes over each rollout batch
+    c.rl.num_minibatches = 1  # optimizer steps per epoch (1: the whole batch, as the reference)
+    c.rl.micro_batches = 1  # gradient-accumulation micro-batches per optimizer step
+    c.rl.kl_coef = 0.0  # KL-to-reference loss weight (0: off, as the reference)
+    c.rl.entropy_coef = 0.0  # entropy bonus weight
+
+    c.rollout = ConfigDict()
+    c.rollout.tasks_per_step = 16  # distinct tasks (GRPO groups) per training step
+    c.rollout.group_size = 8  # rollouts per task
+    c.rollout.max_turns = 15  # environment steps per episode in training
+    c.rollout.max_new_tokens = 512  # tokens per model turn
+    c.rollout.max_len = 8192  # context (KV-cache slots) per episode
+    c.rollout.temperature = 1.0  # sampling temperature in training
+    c.rollout.top_p = 1.0  # nucleus sampling in training
+    c.rollout.enable_thinking = True  # Qwen3 thinking mode in the generation prompt
+
+    c.envs = ConfigDict()
+    c.envs.train = "sciworld,bfcl"  # comma-separated environment names (jaxscaffold.envs.registry)
+    c.envs.train_split = "train"  # catalogue split to train on
+    c.envs.eval = "sciworld,bfcl"  # environments evaluated (standard env, greedy)
+    c.envs.eval_split = "test"  # held-out split
+    c.envs.num_workers = 4  # environment worker processes (0: in this process)
+    c.envs.step_timeout_s = 60.0  # a worker silent this long is restarted; its episodes fail
+
+    c.feedback = ConfigDict()
+    c.feedback.schedule = "ag_early_oe_late"  # jaxscaffold.feedback.schedule.make name; "none" = standard
+    c.feedback.probability = 0.5  # chance a group gets the active feedback
+    c.feedback.mode = "group"  # group | rollout | first_half | even (randomisation)
+    c.feedback.switch_step = 100  # training step where AG hands over to OE
+
+    c.eval = ConfigDict()
+    c.eval.every = 5  # evaluate every N training steps (0: never)
+    c.eval.tasks = 128  # held-out tasks per evaluation (group 1)
+    c.eval.max_turns = 30  # environment steps per evaluation episode
+
+    c.checkpoint = ConfigDict()
+    c.checkpoint.every = 10  # save every N steps (and at the end)
+    c.checkpoint.keep = 3  # checkpoints kept
+    return c

@@ -1,0 +1,186 @@
+"""Multi-turn rollouts: the sampler's slots driven by environments, token in, token out.
+
+This is where the model meets the environments (the training loop wires them): each
+episode's observations are rendered into chat turns once and appended to its conversation;
+the model's sampled ids are kept exactly as sampled; the environment gets the decoded text.
+Feedback (FEE) rewrites an observation before it is rendered, following the schedule and
+one decision per group; evaluation runs the same code with no schedule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from jaxscaffold.envs.base import Env, EnvError, Observation, StepResult, Task
+from jaxscaffold.envs.pool import EpisodeFailure
+from jaxscaffold.envs.prompts import system_prompt
+from jaxscaffold.feedback import randomization
+from jaxscaffold.feedback.schedule import Schedule
+from jaxscaffold.models.chat import Qwen3ChatRenderer
+from jaxscaffold.models.tokenizer import Tokenizer
+from jaxscaffold.rollout.conversation import Conversation, MultiTurn
+from jaxscaffold.rollout.engine import Sampler
+
+log = logging.getLogger(__name__)
+
+
+class EnvBatch(Protocol):
+    """Batched environments (in process, or the process pool)."""
+
+    def reset(self, tasks: Sequence[Task]) -> list[Observation | EpisodeFailure]: ...
+
+    def step(self, actions: dict[int, str]) -> dict[int, StepResult | EpisodeFailure]: ...
+
+
+class LocalEnvs:
+    """Environments in this process, one per episode (tests, tiny runs); the same contract as
+    `jaxscaffold.envs.pool.EnvPool`, which runs them in worker processes."""
+
+    def __init__(self, factories: dict[str, Callable[[], Env]]):
+        self.factories = factories
+        self.envs: list[Env] = []
+
+    def reset(self, tasks):
+        self.close()
+        self.envs, out = [], []
+        for task in tasks:
+            try:
+                env = self.factories[task.env]()
+                self.envs.append(env)
+                out.append(env.reset(task))
+            except (EnvError, OSError, RuntimeError) as e:
+                log.warning("env reset failed for %s: %s", task.task_id, e)
+                self.envs.append(None)
+                out.append(EpisodeFailure(f"reset: {type(e).__name__}: {e}", "error", len(out), task))
+        return out
+
+    def step(self, actions):
+        out = {}
+        for i, text in actions.items():
+            try:
+                out[i] = self.envs[i].step(text)
+            except (EnvError, OSError, RuntimeError) as e:
+                log.warning("env step failed for episode %d: %s", i, e)
+                out[i] = EpisodeFailure(f"step: {type(e).__name__}: {e}", "error", i)
+        return out
+
+    def close(self):
+        for env in self.envs:
+            if env is not None:
+                env.close()
+        self.envs = []
+
+
+@dataclasses.dataclass
+class Episode:
+    task: Task
+    group: int
+    conversation: Conversation
+    reward: float = 0.0
+    won: bool = False
+    steps: int = 0
+    done: bool = False
+    truncated: bool = False  # out of turns or context before the env said done
+    failure: str | None = None
+    feedback: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (episode step, kind)
+
+
+Enricher = Callable[[str, Observation, int], str]  # (kind, observation, episode step) -> new text
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    max_turns: int = 15
+    max_new_tokens: int = 256
+    enable_thinking: bool = False
+
+
+def run_episodes(params, sampler: Sampler, envs: EnvBatch, tokenizer: Tokenizer, tasks: Sequence[Task],
+                 groups: Sequence[int], cfg: RolloutConfig, *, seed: int, train_step: int,
+                 schedule: Schedule | None = None, randomization_mode: str = "group",
+                 enrichers: dict[str, Enricher] | None = None, num_groups: int | None = None) -> list[Episode]:
+    """Runs one episode per task to the end (all in the sampler's slots at once).
+
+    `groups[i]` is the GRPO group of episode i: rollouts of a group share task and seed and,
+    under `randomization_mode="group"`, the same feedback decisions.
+    """
+    if len(tasks) > sampler.batch_size:
+        raise ValueError(f"{len(tasks)} episodes do not fit the sampler's {sampler.batch_size} slots")
+    chat = Qwen3ChatRenderer(tokenizer)
+    im_end = tokenizer.token_id("<|im_end|>")
+    num_groups = num_groups or (max(groups) + 1 if groups else 0)
+    rollout_index = {}
+    episodes = []
+    for i, (task, g) in enumerate(zip(tasks, groups)):
+        rollout_index[i] = sum(1 for j in range(i) if groups[j] == g)
+        episodes.append(Episode(task, g, Conversation()))
+
+    def render_observation(i: int, obs: Observation) -> str:
+        ep, text = episodes[i], obs.text
+        if schedule is None:
+            return text
+        for kind in schedule.active_kinds(train_step, ep.steps):
+            p = schedule.probability(kind, train_step)
+            if enrichers and ep.task.env in enrichers and randomization.decide(
+                    randomization_mode, p, run_seed=seed, train_step=train_step, group_id=ep.group,
+                    num_groups=num_groups, rollout=rollout_index[i], kind=kind):
+                text = enrichers[ep.task.env](kind, dataclasses.replace(obs, text=text), ep.steps)
+                ep.feedback.append((ep.steps, kind))
+        return text
+
+    mt = MultiTurn(sampler)
+    first = {}
+    for i, obs in enumerate(envs.reset(tasks)):
+        if isinstance(obs, EpisodeFailure):
+            episodes[i].failure, episodes[i].done = obs.reason, True
+            continue
+        messages = [{"role": "system", "content": system_prompt(tasks[i].env)},
+                    {"role": "user", "content": render_observation(i, obs)}]
+        first[i] = chat.render(messages, add_generation_prompt=True, enable_thinking=cfg.enable_thinking)
+    mt.extend(params, first)
+
+    for turn in range(cfg.max_turns):
+        live = [i for i, ep in enumerate(episodes) if not ep.done]
+        if not live:
+            break
+        seeds = [_seed(seed, train_step, i, turn) for i in live]
+        gens = mt.generate(params, live, max_new_tokens=cfg.max_new_tokens, seeds=seeds)
+        actions = {i: tokenizer.decode([t for t in gens[i].tokens if t not in tokenizer.eos_ids]) for i in live}
+        results = envs.step(actions)
+        extend = {}
+        for i in live:
+            ep, res = episodes[i], results[i]
+            if isinstance(res, EpisodeFailure):
+                ep.failure, ep.done = res.reason, True
+                continue
+            ep.steps += 1
+            ep.reward += float(res.reward)
+            ep.won = ep.won or bool(res.info.get("won", False))
+            if res.done:
+                ep.done = True
+                continue
+            ids = chat.continue_with_user(render_observation(i, res.observation),
+                                          enable_thinking=cfg.enable_thinking)
+            if gens[i].finish_reason != "stop":
+                ids = [im_end] + ids  # close a turn cut off by max_new_tokens
+            if len(ids) + cfg.max_new_tokens > mt.room(i):
+                ep.done = ep.truncated = True  # no room for another turn
+                continue
+            extend[i] = ids
+        if extend:
+            mt.extend(params, extend)
+    for i, ep in enumerate(episodes):
+        if not ep.done:
+            ep.done = ep.truncated = True
+        if i in mt.conversations:
+            ep.conversation = mt.conversations[i]
+    return episodes
+
+
+def _seed(run_seed: int, train_step: int, episode: int, turn: int) -> int:
+    seq = np.random.SeedSequence([run_seed & 0xFFFFFFFF, train_step, episode, turn])
+    return int(seq.generate_state(1)[0])
