@@ -5,7 +5,7 @@ Data and backends come from PyPI `bfcl-eval==2025.7.17` (install with `--no-deps
 `data/possible_answer/...`, the function docs `data/multi_turn_func_doc/<module>.json` and the
 backend classes in `eval_checker/multi_turn_eval/func_source_code/`. Only the backend classes
 are executed, through `bfcl_calls` (ast / json parsing, dispatch to public methods of the
-episode's own instances); bfcl-eval's `eval()`-based executor and its module-global instance
+episode's own instances); bfcl-eval's executor (which evaluates model text) and its module-global instance
 cache are never used.
 
 Episode = one entry. Each user turn of the entry is a "turn"; inside a turn every step is one
