@@ -55,6 +55,13 @@ class Checkpointer:
         log.info("restored checkpoint step %d from %s", step, self.directory)
         return out["state"], out["extra"]
 
+    def restore_extra(self, step: int | None = None) -> dict:
+        """Only the JSON document of a checkpoint (e.g. its run config)."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise CheckpointNotFound(f"no checkpoint in {self.directory}")
+        return self._manager.restore(step, args=ocp.args.Composite(extra=ocp.args.JsonRestore()))["extra"]
+
     def wait(self) -> None:
         """Blocks until pending async saves are on disk."""
         self._manager.wait_until_finished()

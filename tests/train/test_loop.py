@@ -53,3 +53,17 @@ def test_resume_continues_identically(tmp_path):
     for ha, hb in zip(straight["history"], resumed["history"]):
         assert {k: v for k, v in ha.items() if not k.startswith(drop)} == \
                {k: v for k, v in hb.items() if not k.startswith(drop)}
+
+
+def test_export_reloads_in_transformers_with_equal_logits(tmp_path):
+    import subprocess, sys
+    train(tiny_config(tmp_path / "run", steps=1, **{"eval.every": 0, "checkpoint.every": 1}))
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "export_hf.py"), "--checkpoint",
+                          str(tmp_path / "run"), "--out", str(tmp_path / "hf")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    diff = float(out.stdout.strip().split("=")[-1])
+    assert diff < 1e-4, out.stdout
+    assert (tmp_path / "hf" / "tokenizer.json").exists()
+    missing = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "export_hf.py"), "--checkpoint",
+                              str(tmp_path / "nope"), "--out", str(tmp_path / "x")], capture_output=True, text=True)
+    assert missing.returncode != 0 and "no checkpoint directory" in missing.stderr

@@ -1,0 +1,70 @@
+"""Training checkpoint -> Hugging Face directory, verified by reloading with transformers."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from ml_collections import ConfigDict
+
+from jaxscaffold.models import config as model_config_lib
+from jaxscaffold.models import hf_io, qwen3
+from jaxscaffold.models.tokenizer import cached_hf_tokenizer_dir
+from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state
+from jaxscaffold.train.checkpoint import Checkpointer, CheckpointNotFound
+
+
+def _model_config(cfg) -> model_config_lib.Qwen3Config:
+    m = cfg.model
+    execution = dict(param_dtype=m.param_dtype, compute_dtype="float32", scan_layers=m.scan_layers)
+    if m.hf_path:
+        config, _ = hf_io.load_pretrained(m.hf_path, dtype=m.param_dtype)  # architecture only
+        return config.replace(**execution)
+    if m.preset == "tiny":
+        return model_config_lib.tiny(**execution)
+    return model_config_lib.preset(m.preset, **execution)
+
+
+def export_checkpoint(checkpoint: str, out: str, *, step: int | None = None, dtype: str | None = None) -> dict:
+    """Writes the parameters of a run's checkpoint (its out_dir or its checkpoints/ dir) as an
+    HF directory with a tokenizer, then reloads it with transformers and compares logits."""
+    directory = checkpoint if os.path.basename(os.path.normpath(checkpoint)) == "checkpoints" \
+        else os.path.join(checkpoint, "checkpoints")
+    if not os.path.isdir(directory):
+        raise CheckpointNotFound(f"no checkpoint directory at {checkpoint} (expected a run's out_dir or its checkpoints/)")
+    ckpt = Checkpointer(directory, async_save=False)
+    try:
+        step = ckpt.latest_step() if step is None else step
+        if step is None:
+            raise CheckpointNotFound(f"no checkpoint in {directory}")
+        cfg = ConfigDict(ckpt.restore_extra(step)["config"])
+        config = _model_config(cfg)
+        r = cfg.rl
+        opt = OptimizerConfig(lr=r.lr, weight_decay=r.weight_decay, grad_clip=r.grad_clip,
+                              warmup_steps=r.warmup_steps).make()
+        target = jax.eval_shape(lambda: init_train_state(qwen3.init_params(config, jax.random.key(0)), opt))
+        target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype,
+                                                             sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])),
+                              target)
+        state, _ = ckpt.restore(target, step)
+    finally:
+        ckpt.close()
+    tokenizer_dir = cfg.model.tokenizer or cfg.model.hf_path or str(cached_hf_tokenizer_dir())
+    hf_io.save_pretrained(out, config, state.params, tokenizer_dir=tokenizer_dir, dtype=dtype)
+    return {"step": step, "out": out, "max_abs_logit_diff": verify(out, config, state.params)}
+
+
+def verify(out: str, config, params, seq_len: int = 16) -> float:
+    """Max |logits(ours) - logits(transformers reload)| on a random batch."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    tokens = np.random.RandomState(0).randint(0, config.vocab_size, (2, seq_len))
+    with torch.no_grad():
+        ref = model(input_ids=torch.as_tensor(tokens)).logits.numpy()
+    ours = np.asarray(jax.jit(qwen3.forward, static_argnums=1)(params, config.replace(compute_dtype="float32"),
+                                                              jnp.asarray(tokens)))
+    return float(np.max(np.abs(ours - ref)))

@@ -1,0 +1,33 @@
+"""Exports a training checkpoint to a Hugging Face directory and checks it with transformers.
+
+  python launch/export_hf.py --checkpoint runs/tiny --out /tmp/tiny-hf [--step N] [--dtype bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="a run's out_dir (or its checkpoints/ directory)")
+    p.add_argument("--out", required=True, help="the HF directory to write")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    p.add_argument("--dtype", default=None, help="tensor dtype in the export (default: the parameters')")
+    args = p.parse_args()
+    from jaxscaffold.train.checkpoint import CheckpointNotFound
+    from jaxscaffold.train.export import export_checkpoint
+    try:
+        report = export_checkpoint(args.checkpoint, args.out, step=args.step, dtype=args.dtype)
+    except CheckpointNotFound as e:
+        sys.exit(f"error: {e}")
+    print(f"exported step {report['step']} to {report['out']}; transformers reload: "
+          f"max |logit difference| = {report['max_abs_logit_diff']:.2e}")
+
+
+if __name__ == "__main__":
+    main()
