@@ -186,7 +186,7 @@ def train_on(job: Job, state, episodes: list[Episode]):
     return state, {f"train/{k}": v for k, v in metrics.items()}
 
 
-def evaluate(job: Job, params, step: int) -> dict[str, float]:
+def evaluate_episodes(job: Job, params, step: int) -> list[Episode]:
     """Greedy, group 1, held-out tasks, the standard environment (no feedback schedule)."""
     c = job.cfg.rollout
     rcfg = RolloutConfig(max_turns=job.cfg.eval.max_turns, max_new_tokens=c.max_new_tokens,
@@ -198,7 +198,11 @@ def evaluate(job: Job, params, step: int) -> dict[str, float]:
         episodes += run_episodes(params, job.eval_sampler, job.envs, job.tokenizer, chunk,
                                  list(range(len(chunk))), rcfg, seed=job.cfg.seed + 1000, train_step=step,
                                  schedule=None)
-    return rollout_metrics(episodes, "eval")
+    return episodes
+
+
+def evaluate(job: Job, params, step: int) -> dict[str, float]:
+    return rollout_metrics(evaluate_episodes(job, params, step), "eval")
 
 
 # ----------------------------------------------------------------------------- the job
