@@ -47,9 +47,9 @@ def get_config() -> ConfigDict:
     c.rollout.enable_thinking = True  # Qwen3 thinking mode in the generation prompt
 
     c.envs = ConfigDict()
-    c.envs.train = "sciworld,bfcl"  # comma-separated environment names (jaxscaffold.envs.registry)
+    c.envs.train = "sciworld,bfcl"  # comma-separated env names (jaxscaffold.envs.registry), env:split allowed
     c.envs.train_split = "train"  # catalogue split to train on
-    c.envs.eval = "sciworld,bfcl"  # environments evaluated (standard env, greedy)
+    c.envs.eval = "sciworld,bfcl:validation"  # evaluated envs (standard env, greedy); env:split overrides
     c.envs.eval_split = "test"  # held-out split
     c.envs.num_workers = 4  # environment worker processes (0: in this process)
     c.envs.step_timeout_s = 60.0  # a worker silent this long is restarted; its episodes fail
@@ -59,6 +59,8 @@ def get_config() -> ConfigDict:
     c.feedback.probability = 0.5  # chance a group gets the active feedback
     c.feedback.mode = "group"  # group | rollout | first_half | even (randomisation)
     c.feedback.switch_step = 100  # training step where AG hands over to OE
+    c.feedback.ag_form = "paper"  # paper (next gold action) | reference (first 3 gold + [Caution!])
+    c.feedback.oe_form = "checklist"  # checklist ([Pass]/[Pending], [k/n done]) | reference (raw progress)
 
     c.eval = ConfigDict()
     c.eval.every = 5  # evaluate every N training steps (0: never)

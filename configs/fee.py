@@ -26,7 +26,7 @@ def get_config():
     c.rollout.max_new_tokens = 2048  # the reference's response length
     c.rollout.max_len = 16384
     c.envs.train = "sciworld,bfcl"
-    c.envs.eval = "sciworld,bfcl"
+    c.envs.eval = "sciworld,bfcl:validation"  # BFCL's held-out ids are its validation split
     c.feedback.schedule = "ag_early_oe_late"
     c.feedback.probability = 0.5
     c.feedback.switch_step = 100

@@ -23,6 +23,7 @@ import numpy as np
 from jaxscaffold.envs import registry
 from jaxscaffold.envs.base import Task
 from jaxscaffold.envs.pool import EnvPool
+from jaxscaffold.feedback import enrichers as enrichers_lib
 from jaxscaffold.feedback import schedule as schedule_lib
 from jaxscaffold.models import config as model_config_lib
 from jaxscaffold.models import hf_io, qwen3
@@ -78,10 +79,17 @@ class TaskStream:
         self._it.set_state(state)
 
 
+def env_names(spec: str) -> list[str]:
+    """"sciworld,bfcl:validation" -> ["sciworld", "bfcl"]."""
+    return [n.split(":")[0].strip() for n in spec.split(",") if n.strip()]
+
+
 def _tasks(names: str, split: str, limit: int | None = None) -> list[Task]:
+    """Tasks of every env in `names` ("env" or "env:split" to override the split)."""
     out = []
-    for name in [n.strip() for n in names.split(",") if n.strip()]:
-        cat = registry.catalogue(name, split)
+    for entry in [n.strip() for n in names.split(",") if n.strip()]:
+        name, _, own_split = entry.partition(":")
+        cat = registry.catalogue(name.strip(), own_split.strip() or split)
         out += cat[:limit] if limit else cat
     return out
 
@@ -132,6 +140,7 @@ class Job:
     stream: TaskStream
     eval_tasks: list[Task]
     row_multiple: int
+    enrichers: dict
 
 
 def collect(job: Job, params, step: int) -> tuple[list[Episode], dict]:
@@ -148,7 +157,8 @@ def collect(job: Job, params, step: int) -> tuple[list[Episode], dict]:
         groups = [g for g in range(len(tasks)) for _ in range(c.group_size)]
         episodes = run_episodes(params, job.sampler, job.envs, job.tokenizer, flat, groups, rcfg,
                                 seed=job.cfg.seed + 7919 * batch_index, train_step=step, schedule=job.schedule,
-                                randomization_mode=job.cfg.feedback.mode, num_groups=len(tasks))
+                                randomization_mode=job.cfg.feedback.mode, num_groups=len(tasks),
+                                enrichers=job.enrichers)
         stats["rollout/generation_batches"] += 1
         if sampler is None:
             return episodes, stats
@@ -227,7 +237,7 @@ def _job(cfg) -> tuple[Job, Any]:
                       cache_dtype=cfg.model.cache_dtype)
     eval_sampler = Sampler(model_config, batch_size=min(rows, cfg.eval.tasks), max_len=c.max_len,
                            sampling=GREEDY, cache_dtype=cfg.model.cache_dtype)
-    names = {n.strip() for n in (cfg.envs.train + "," + cfg.envs.eval).split(",") if n.strip()}
+    names = set(env_names(cfg.envs.train) + env_names(cfg.envs.eval))
     if cfg.envs.num_workers > 0:
         envs = EnvPool(cfg.envs.num_workers, step_timeout_s=cfg.envs.step_timeout_s)
     else:
@@ -235,8 +245,10 @@ def _job(cfg) -> tuple[Job, Any]:
     sched = schedule_lib.make(cfg.feedback.schedule, p=cfg.feedback.probability, switch=cfg.feedback.switch_step)
     stream = TaskStream(_tasks(cfg.envs.train, cfg.envs.train_split), seed=cfg.seed)
     eval_tasks = _tasks(cfg.envs.eval, cfg.envs.eval_split, limit=cfg.eval.tasks)
+    forms = {"ag": cfg.feedback.ag_form, "oe": cfg.feedback.oe_form}
+    enrichers = {n: e for n in names if (e := enrichers_lib.enricher(n, forms)) is not None}
     job = Job(cfg, mesh, model_config, tokenizer, sampler, eval_sampler, envs, step_fn, sched, algo, stream,
-              eval_tasks, row_multiple=r.micro_batches * data_parallel)
+              eval_tasks, row_multiple=r.micro_batches * data_parallel, enrichers=enrichers)
     return job, state
 
 

@@ -87,9 +87,11 @@ class Episode:
     truncated: bool = False  # out of turns or context before the env said done
     failure: str | None = None
     feedback: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (episode step, kind)
+    actions: list[str] = dataclasses.field(default_factory=list)  # the action texts sent to the env
 
 
-Enricher = Callable[[str, Observation, int], str]  # (kind, observation, episode step) -> new text
+# (kind, observation, episode step, the agent's actions so far) -> the enriched text
+Enricher = Callable[[str, Observation, int, Sequence[str]], str]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +130,7 @@ def run_episodes(params, sampler: Sampler, envs: EnvBatch, tokenizer: Tokenizer,
             if enrichers and ep.task.env in enrichers and randomization.decide(
                     randomization_mode, p, run_seed=seed, train_step=train_step, group_id=ep.group,
                     num_groups=num_groups, rollout=rollout_index[i], kind=kind):
-                text = enrichers[ep.task.env](kind, dataclasses.replace(obs, text=text), ep.steps)
+                text = enrichers[ep.task.env](kind, dataclasses.replace(obs, text=text), ep.steps, ep.actions)
                 ep.feedback.append((ep.steps, kind))
         return text
 
@@ -151,6 +153,8 @@ def run_episodes(params, sampler: Sampler, envs: EnvBatch, tokenizer: Tokenizer,
         gens = mt.generate(params, live, max_new_tokens=cfg.max_new_tokens, seeds=seeds)
         actions = {i: tokenizer.decode([t for t in gens[i].tokens if t not in tokenizer.eos_ids]) for i in live}
         results = envs.step(actions)
+        for i in live:
+            episodes[i].actions.append(_action_of(actions[i]))
         extend = {}
         for i in live:
             ep, res = episodes[i], results[i]
@@ -179,6 +183,13 @@ def run_episodes(params, sampler: Sampler, envs: EnvBatch, tokenizer: Tokenizer,
         if i in mt.conversations:
             ep.conversation = mt.conversations[i]
     return episodes
+
+
+def _action_of(text: str) -> str:
+    """The action an agent's text names (for feedback that tracks progress on a gold path)."""
+    from jaxscaffold.envs.actions import parse_action
+    parsed = parse_action(text)
+    return parsed.action if parsed.action is not None else text.strip()
 
 
 def _seed(run_seed: int, train_step: int, episode: int, turn: int) -> int:

@@ -30,7 +30,8 @@ def test_config_is_consistent(path):
     assert c.rl.algorithm in presets.PRESETS
     schedule.make(c.feedback.schedule)
     assert c.model.preset == "tiny" or c.model.preset in model_config.PRESETS
-    for name in (c.envs.train + "," + c.envs.eval).split(","):
+    from jaxscaffold.train.loop import env_names
+    for name in env_names(c.envs.train) + env_names(c.envs.eval):
         assert name in registry.ENVS, name
 
 

@@ -67,3 +67,29 @@ def test_export_reloads_in_transformers_with_equal_logits(tmp_path):
     missing = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "export_hf.py"), "--checkpoint",
                               str(tmp_path / "nope"), "--out", str(tmp_path / "x")], capture_output=True, text=True)
     assert missing.returncode != 0 and "no checkpoint directory" in missing.stderr
+
+
+@pytest.mark.slow
+def test_loop_on_real_sciworld_and_bfcl_through_the_pool(tmp_path):
+    """Two steps of the whole loop on real ScienceWorld and BFCL episodes in worker processes
+    (a random model only produces invalid actions: this checks the plumbing, not learning),
+    with AG feedback on every training episode and an evaluation that must see none."""
+    cfg = tiny_config(tmp_path, steps=2, **{"eval.every": 2, "eval.tasks": 2, "eval.max_turns": 2,
+                                           "checkpoint.every": 2, "envs.train": "sciworld",
+                                           "envs.eval": "sciworld", "envs.num_workers": 2,
+                                           "rollout.max_turns": 2, "rollout.max_len": 4096,
+                                           "rollout.tasks_per_step": 2, "rollout.group_size": 2,
+                                           "feedback.schedule": "ag_early", "feedback.probability": 1.0})
+    hist = train(cfg)["history"]
+    assert len(hist) == 2
+    for h in hist:
+        assert h["rollout/infra_failures"] == 0
+        assert h["rollout/env_steps"] >= 1 and np.isfinite(h["train/loss"])
+        assert h["rollout/feedback_ag"] >= 4  # every episode's first observations got AG
+    assert hist[1]["eval/feedback_ag"] == 0 and hist[1]["eval/feedback_oe"] == 0  # the standard env
+    bfcl = tiny_config(tmp_path / "bfcl", steps=1, **{"eval.every": 0, "checkpoint.every": 1, "envs.train": "bfcl",
+                                                     "envs.eval": "bfcl:validation", "envs.num_workers": 1,
+                                                     "rollout.max_turns": 2, "rollout.max_len": 8192,
+                                                     "rollout.tasks_per_step": 1, "rollout.group_size": 2})
+    h = train(bfcl)["history"][0]
+    assert h["rollout/infra_failures"] == 0 and h["rollout/env_steps"] >= 1

@@ -1,0 +1,101 @@
+"""Enrichers: observation text + privileged state -> the enriched text the agent sees.
+
+Each is an explicit function of (observation, the agent's actions so far); the privileged
+state comes from the adapter (`Observation.privileged`). AG (action guidance) names a valid
+next action; OE (observation enhancement) exposes hidden state such as sub-goal progress.
+Reference-code forms reproduce the FEE code's text; paper forms follow the paper's text.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from jaxscaffold.envs.base import Observation
+
+CAUTION = "[Caution!] Start with the following action to start your exploration!"
+
+
+def gold_progress(gold: Sequence[str], actions: Sequence[str]) -> int:
+    """How many leading gold actions the agent has done, in order (a subsequence match)."""
+    k = 0
+    for a in actions:
+        if k < len(gold) and a.strip().lower() == gold[k].strip().lower():
+            k += 1
+    return k
+
+
+def checklist(goals: Sequence[tuple[str, bool]]) -> str:
+    """`[Pass]` / `[Pending]` lines and a `[k/n done]` summary."""
+    lines = [f"[{'Pass' if done else 'Pending'}] {name}" for name, done in goals]
+    return "\n".join(lines + [f"[{sum(d for _, d in goals)}/{len(goals)} done]"])
+
+
+# ----------------------------------------------------------------------------- ScienceWorld
+
+
+def sciworld_ag_reference(obs: Observation, actions: Sequence[str]) -> str:
+    """The reference code: the first three gold actions, computed once at reset."""
+    return f"{obs.text}\n{CAUTION}\n" + "\n".join(obs.privileged.get("ag_actions", [])[:3])
+
+
+def sciworld_ag_paper(obs: Observation, actions: Sequence[str]) -> str:
+    """The paper: the next gold action given how far the agent's actions follow the gold path."""
+    gold = obs.privileged.get("gold_actions", [])
+    k = gold_progress(gold, actions)
+    if k >= len(gold):
+        return obs.text
+    return f"{obs.text}\n[Hint] A valid next action: {gold[k]}"
+
+
+def sciworld_oe_checklist(obs: Observation, actions: Sequence[str]) -> str:
+    goals = obs.privileged.get("goals") or {}
+    items = [(g["description"], g["done"]) for g in goals.get("sequential", [])]
+    if not items:
+        return obs.text
+    return f"{obs.text}\n[Task progress]\n{checklist(items)}"
+
+
+def sciworld_oe_reference(obs: Observation, actions: Sequence[str]) -> str:
+    return f"{obs.text}\n[Hint]Considering The current goal progress is {obs.privileged.get('goal_progress', '')}."
+
+
+# ----------------------------------------------------------------------------- ALFWorld
+
+
+def alfworld_ag(obs: Observation, actions: Sequence[str]) -> str:
+    nxt = obs.privileged.get("next_walkthrough_action")
+    return f"{obs.text}\n[Hint] A valid next action: {nxt}" if nxt else obs.text
+
+
+def alfworld_oe(obs: Observation, actions: Sequence[str]) -> str:
+    goals = obs.privileged.get("goal_progress") or []
+    items = [(g["name"], g["done"]) for g in goals]
+    return f"{obs.text}\n[Task progress]\n{checklist(items)}" if items else obs.text
+
+
+Form = Callable[[Observation, Sequence[str]], str]
+FORMS: dict[tuple[str, str], dict[str, Form]] = {
+    ("sciworld", "ag"): {"reference": sciworld_ag_reference, "paper": sciworld_ag_paper},
+    ("sciworld", "oe"): {"checklist": sciworld_oe_checklist, "reference": sciworld_oe_reference},
+    ("alfworld", "ag"): {"paper": alfworld_ag},
+    ("alfworld", "oe"): {"checklist": alfworld_oe},
+}
+DEFAULT_FORMS = {"ag": "paper", "oe": "checklist"}
+
+
+def enricher(env: str, forms: dict[str, str] | None = None) -> Callable | None:
+    """`(kind, observation, episode_step, actions) -> text` for an environment, or None
+    when it has no enrichers (feedback then never applies to it)."""
+    forms = {**DEFAULT_FORMS, **(forms or {})}
+    table = {kind: FORMS.get((env, kind), {}) for kind in ("ag", "oe")}
+    if not any(table.values()):
+        return None
+
+    def enrich(kind: str, obs: Observation, episode_step: int, actions: Sequence[str]) -> str:
+        options = table[kind]
+        if not options:
+            return obs.text
+        form = forms[kind] if forms[kind] in options else next(iter(options))
+        return options[form](obs, actions)
+
+    return enrich
