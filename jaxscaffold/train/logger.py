@@ -46,7 +46,7 @@ def plot_curves(history: list[dict], path: str) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
     for key, label in (("rollout/reward", "train reward"), ("rollout/success", "train success"),
-                       ("eval/success", "eval success")):
+                       ("eval/reward", "eval reward"), ("eval/success", "eval success")):
         pts = [(h["step"], h[key]) for h in history if key in h]
         if pts:
             ax1.plot(*zip(*pts), marker="." if key.startswith("eval") else None, label=label)
