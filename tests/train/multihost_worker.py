@@ -1,0 +1,53 @@
+"""One process of the multi-host train-step test (run by test_multihost.py)."""
+
+import json
+import os
+import sys
+
+import numpy as np
+
+process_id, num_processes, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={4 // num_processes}"
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax  # noqa: E402
+
+if num_processes > 1:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    os.environ.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(num_processes),
+                      JAX_PROCESS_ID=str(process_id))
+
+from jaxscaffold.models import qwen3  # noqa: E402
+from jaxscaffold.models.config import Qwen3Config  # noqa: E402
+from jaxscaffold.models.sharding import MeshConfig, make_mesh, maybe_initialize_distributed, shard_batch  # noqa: E402
+from jaxscaffold.rl.presets import preset  # noqa: E402
+from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_train_step, state_shardings  # noqa: E402
+
+assert maybe_initialize_distributed() == (num_processes > 1)
+assert jax.device_count() == 4 and jax.process_count() == num_processes
+config = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+                     num_kv_heads=2, head_dim=8)
+mesh = make_mesh(MeshConfig(data=1, fsdp=2, tensor=2))
+opt = OptimizerConfig(lr=1e-2).make()
+step = make_train_step(config, preset("grpo"), opt, num_micro_batches=2, mesh=mesh)
+sh = state_shardings(config, opt, mesh)
+state = jax.jit(lambda: init_train_state(qwen3.init_params(config, jax.random.key(0)), opt), out_shardings=sh)()
+
+rng = np.random.RandomState(0)  # the same global batch everywhere; each process feeds its rows
+b, t = 8, 10
+tokens = rng.randint(0, 64, (b, t)).astype(np.int32)
+mask = np.zeros((b, t), np.int32)
+mask[:, 4:] = 1
+batch = {"tokens_BT": tokens, "segment_ids_BT": np.ones_like(tokens), "loss_mask_BT": mask,
+         "old_logp_BT": (-rng.rand(b, t) * 3 * mask).astype(np.float32), "adv_B": rng.randn(b).astype(np.float32)}
+rows = slice(process_id * b // num_processes, (process_id + 1) * b // num_processes)
+losses = []
+for _ in range(2):
+    state, metrics = step(state, shard_batch({k: v[rows] for k, v in batch.items()}, mesh))
+    losses.append(float(metrics["loss"]))
+from jax.experimental import multihost_utils  # noqa: E402
+
+params = jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)), state.params)
+if process_id == 0:
+    np.savez(out, **{jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(params)[0]})
+    with open(out + ".json", "w") as f:
+        json.dump(losses, f)
