@@ -1,6 +1,6 @@
 """Benchmarks: each prints its figures next to a reference measured in the same run.
 
-  python launch/bench.py {sampler,train} [--json] [--quick]
+  python launch/bench.py {sampler,train,envs} [--json] [--quick]
 
 `--json` prints one JSON object per figure: name, value, unit and, where there is a
 reference, ratio (ours / reference).
@@ -19,6 +19,7 @@ from benchmarks import common  # noqa: E402
 SUITES = {
     "sampler": "benchmarks.sampler",
     "train": "benchmarks.train",
+    "envs": "benchmarks.envs",
 }
 
 
