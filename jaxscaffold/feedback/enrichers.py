@@ -73,12 +73,39 @@ def alfworld_oe(obs: Observation, actions: Sequence[str]) -> str:
     return f"{obs.text}\n[Task progress]\n{checklist(items)}" if items else obs.text
 
 
+# ----------------------------------------------------------------------------- BFCL
+
+BFCL_HINT = "Hint: considering start with the following operation:"
+BFCL_MISS_FUNC = ("Hint: a function this request needs is not among the available functions; "
+                  "say so instead of calling a wrong one.")
+BFCL_MISS_PARAM = ("Hint: essential information for this request is missing; ask the user for it "
+                   "instead of guessing.")
+
+
+def bfcl_ag(obs: Observation, actions: Sequence[str]) -> str:
+    """The reference code: on the user message of each of the first 3 turns, the turn's first
+    gold call, or on a turn whose gold answer is empty the miss_func / miss_param hint."""
+    p = obs.privileged
+    if p.get("message_role") != "user" or p.get("turn", 99) >= 3:
+        return obs.text
+    gold = p.get("gold_calls") or []
+    if gold:
+        return f"{obs.text}\n{BFCL_HINT} {gold[0]}"
+    category = p.get("category", "")
+    if "miss_func" in category:
+        return f"{obs.text}\n{BFCL_MISS_FUNC}"
+    if "miss_param" in category:
+        return f"{obs.text}\n{BFCL_MISS_PARAM}"
+    return obs.text
+
+
 Form = Callable[[Observation, Sequence[str]], str]
 FORMS: dict[tuple[str, str], dict[str, Form]] = {
     ("sciworld", "ag"): {"reference": sciworld_ag_reference, "paper": sciworld_ag_paper},
     ("sciworld", "oe"): {"checklist": sciworld_oe_checklist, "reference": sciworld_oe_reference},
     ("alfworld", "ag"): {"paper": alfworld_ag},
     ("alfworld", "oe"): {"checklist": alfworld_oe},
+    ("bfcl", "ag"): {"reference": bfcl_ag},
 }
 DEFAULT_FORMS = {"ag": "paper", "oe": "checklist"}
 

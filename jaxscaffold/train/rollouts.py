@@ -130,8 +130,10 @@ def run_episodes(params, sampler: Sampler, envs: EnvBatch, tokenizer: Tokenizer,
             if enrichers and ep.task.env in enrichers and randomization.decide(
                     randomization_mode, p, run_seed=seed, train_step=train_step, group_id=ep.group,
                     num_groups=num_groups, rollout=rollout_index[i], kind=kind):
-                text = enrichers[ep.task.env](kind, dataclasses.replace(obs, text=text), ep.steps, ep.actions)
-                ep.feedback.append((ep.steps, kind))
+                enriched = enrichers[ep.task.env](kind, dataclasses.replace(obs, text=text), ep.steps, ep.actions)
+                if enriched != text:  # counted only when the agent really sees something more
+                    ep.feedback.append((ep.steps, kind))
+                text = enriched
         return text
 
     mt = MultiTurn(sampler)

@@ -75,3 +75,31 @@ def test_enricher_dispatch_uses_the_configured_forms():
     obs = Observation("You are in the kitchen.", {"ag_actions": ["a", "b", "c"], "gold_actions": ["a", "b"]})
     assert E.CAUTION in E.enricher("sciworld", {"ag": "reference"})("ag", obs, 0, [])
     assert E.enricher("sciworld")("ag", obs, 0, ["a"]).endswith("valid next action: b")
+
+
+def test_bfcl_ag_on_real_entries():
+    from jaxscaffold.envs import bfcl as B
+    env = B.BFCLEnv(tool_format="python")
+    base = next(t for t in B.catalogue("train") if t.spec["category"] == "base")
+    obs = env.reset(base)
+    gold = obs.privileged["gold_calls"]
+    enrich = E.enricher("bfcl")
+    assert enrich("ag", obs, 0, []).endswith(f"{E.BFCL_HINT} {gold[0]}")
+    assert enrich("oe", obs, 0, []) == obs.text  # BFCL OE is not implemented yet: unchanged
+    r = env.step("[" + ", ".join(gold) + "]")  # a tool-result observation gets no AG
+    assert r.observation.privileged["message_role"] == "tool"
+    assert enrich("ag", r.observation, 1, []) == r.observation.text
+    # A miss_param entry: its empty-gold turn gets the ask-the-user hint.
+    for task in B.catalogue("train"):
+        if task.spec["category"] != "miss_param":
+            continue
+        obs = env.reset(task)
+        for turn in range(task.spec["num_turns"]):
+            if obs.privileged["turn"] >= 3:
+                break
+            if not obs.privileged["gold_calls"]:
+                assert enrich("ag", obs, 0, []).endswith(E.BFCL_MISS_PARAM)
+                return
+            obs = env.step("[" + ", ".join(obs.privileged["gold_calls"]) + "]").observation
+            obs = env.step("Done.").observation
+    pytest.fail("no miss_param entry with an empty-gold turn among the first 3 turns")
