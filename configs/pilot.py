@@ -1,0 +1,22 @@
+"""The FEE pilot grid on ScienceWorld (Qwen3-4B-Thinking-2507 in the paper, GRPO, 200 steps,
+16 environments per step, rollout length 15, lr 1e-6, eval every 5 steps). `pilot_<name>.py`
+files pick a schedule; this file alone runs the paper's winner, AG-early & OE-late."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+import fee  # noqa: E402
+
+
+def make(schedule: str):
+    c = fee.get_config()
+    c.out_dir = f"runs/pilot_{schedule}"
+    c.envs.train = "sciworld"
+    c.envs.eval = "sciworld"
+    c.feedback.schedule = schedule  # ag_early | ag_late | oe_early | oe_late | ag_early_oe_late
+    return c
+
+
+def get_config():
+    return make("ag_early_oe_late")
