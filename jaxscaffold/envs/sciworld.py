@@ -56,6 +56,7 @@ import threading
 import time
 from typing import Any, Iterable, Sequence
 
+from jaxscaffold.cache import default_cache_root
 from jaxscaffold.envs.actions import invalid_action_message, parse_action
 from jaxscaffold.envs.base import EnvError, Observation, StepResult, Task
 
@@ -112,12 +113,6 @@ def parse_goal_progress(text: str) -> dict[str, Any]:
             out[section].append({"index": int(m.group(1)), "done": m.group(2).lower() == "true",
                                  "type": m.group(3), "description": m.group(4)})
     return out
-
-
-def _cache_dir() -> pathlib.Path:
-    root = os.environ.get("JAXSCAFFOLD_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "jaxscaffold")
-    return pathlib.Path(root)
 
 
 def _data_dir() -> pathlib.Path:
@@ -181,7 +176,7 @@ def _stop_simulator(sim) -> None:
 
 
 def _variation_cache_path() -> pathlib.Path:
-    return _cache_dir() / f"sciworld_variations_{_package_version()}.json"
+    return default_cache_root() / f"sciworld_variations_{_package_version()}.json"
 
 
 def build_variation_cache(path: str | os.PathLike | None = None,

@@ -28,6 +28,8 @@ import unicodedata
 from collections.abc import Iterable
 from pathlib import Path
 
+from jaxscaffold.cache import default_cache_root
+
 # Qwen3's added tokens, in id order starting at QWEN3_SPECIAL_START_ID (151643..151668).
 QWEN3_SPECIAL_TOKENS: tuple[str, ...] = (
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
@@ -55,8 +57,6 @@ QWEN_PRETOKENIZE_PATTERN = (
     r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
-CACHE_ENV_VAR = "JAXSCAFFOLD_CACHE"
-DEFAULT_CACHE_ROOT = Path("~/.cache/jaxscaffold")
 HF_TOKENIZER_SUBDIR = "qwen3-tokenizer"
 
 
@@ -293,11 +293,6 @@ def write_hf_tokenizer(out_dir: str | os.PathLike, ranks_path: str | os.PathLike
         (out / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n",
                                 encoding="utf-8")
     return out
-
-
-def default_cache_root() -> Path:
-    """$JAXSCAFFOLD_CACHE if set, else ~/.cache/jaxscaffold."""
-    return Path(os.environ.get(CACHE_ENV_VAR) or DEFAULT_CACHE_ROOT).expanduser()
 
 
 def _is_current(tok_dir: Path) -> bool:

@@ -148,10 +148,10 @@ def collect(job: Job, params, step: int) -> tuple[list[Episode], dict]:
     groups have mixed binary success (or raises after max_num_gen_batches)."""
     c = job.cfg.rollout
     rcfg = RolloutConfig(max_turns=c.max_turns, max_new_tokens=c.max_new_tokens, enable_thinking=c.enable_thinking)
-    sampler = dapo.DynamicSampler(c.tasks_per_step, job.algo.max_num_gen_batches) if job.algo.dynamic_sampling else None
+    dynamic = dapo.DynamicSampler(c.tasks_per_step, job.algo.max_num_gen_batches) if job.algo.dynamic_sampling else None
     kept: list[Episode] = []
     stats = {"rollout/generation_batches": 0.0}
-    for batch_index in range(job.algo.max_num_gen_batches if sampler else 1):
+    for batch_index in range(job.algo.max_num_gen_batches if dynamic else 1):
         tasks = job.stream.take(c.tasks_per_step)
         flat = [t for t in tasks for _ in range(c.group_size)]
         groups = [g for g in range(len(tasks)) for _ in range(c.group_size)]
@@ -160,17 +160,17 @@ def collect(job: Job, params, step: int) -> tuple[list[Episode], dict]:
                                 randomization_mode=job.cfg.feedback.mode, num_groups=len(tasks),
                                 enrichers=job.enrichers)
         stats["rollout/generation_batches"] += 1
-        if sampler is None:
+        if dynamic is None:
             return episodes, stats
         grouped = _group_stats(episodes)
         for eps in grouped.values():  # groups of different generation batches stay apart
             for e in eps:
                 e.group += batch_index * c.tasks_per_step
-        sampler.add([np.asarray([float(e.won) for e in eps]) for eps in grouped.values()],
+        dynamic.add([np.asarray([float(e.won) for e in eps]) for eps in grouped.values()],
                     payloads=list(grouped.values()))
-        if sampler.full():
+        if dynamic.full():
             break
-    taken = sampler.take()
+    taken = dynamic.take()
     for eps in taken.payloads:
         kept += eps
     stats["rollout/dropped_groups"] = float(taken.num_dropped_all_zero + taken.num_dropped_all_one)
