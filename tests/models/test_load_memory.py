@@ -1,4 +1,4 @@
-"""Loading a several-hundred-MB checkpoint onto a mesh streams it: peak RSS stays near 1x."""
+"""Loading a several-hundred-MB checkpoint onto a mesh streams it: it adds near 1x to RSS."""
 
 import json
 import os
@@ -52,5 +52,6 @@ def test_streaming_load_peak_rss(tmp_path):
     print(f"checkpoint {size / 1e6:.0f} MB, peak RSS {m['peak'] / 1e6:.0f} MB "
           f"({ratio:.2f}x the checkpoint; {extra:.2f}x above the {m['baseline'] / 1e6:.0f} MB baseline)")
     assert m["param_bytes"] <= size
-    assert extra < 1.25, extra  # what loading adds: the parameters plus about one block
-    assert ratio < 1.5, ratio
+    # What loading adds: the parameters plus about one block. The interpreter's own baseline
+    # (jax, numpy, XLA's CPU client) differs between machines, so it is not part of the bound.
+    assert extra < 1.25, extra
