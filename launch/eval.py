@@ -67,9 +67,12 @@ def run_model(args, tasks) -> list[bool]:
     if args.checkpoint:
         state, _ = ckpt.restore(state)
         ckpt.close()
-    job.eval_tasks = tasks
-    episodes = loop.evaluate_episodes(job, state.params, step=0)
-    job.envs.close()
+    work = loop.EnvWorkload(job)
+    work.eval_tasks = tasks
+    try:
+        episodes = work.evaluate_episodes(job, state.params, step=0)
+    finally:
+        work.close()
     return [e.won for e in episodes if e.failure is None]
 
 

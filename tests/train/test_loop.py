@@ -55,6 +55,14 @@ def test_resume_continues_identically(tmp_path):
                {k: v for k, v in hb.items() if not k.startswith(drop)}
 
 
+def test_kl_to_the_frozen_initial_policy(tmp_path):
+    """kl_coef > 0 trains against a frozen copy of the initial parameters: zero KL at the first
+    step (policy == reference), positive once the policy has moved."""
+    hist = train(tiny_config(tmp_path, steps=3, **{"rl.kl_coef": 0.1, "eval.every": 0, "checkpoint.every": 3}))["history"]
+    assert abs(hist[0]["train/kl"]) < 1e-6
+    assert hist[2]["train/kl"] > 1e-6
+
+
 def test_export_reloads_in_transformers_with_equal_logits(tmp_path):
     import subprocess, sys
     train(tiny_config(tmp_path / "run", steps=1, **{"eval.every": 0, "checkpoint.every": 1}))
