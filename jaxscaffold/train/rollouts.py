@@ -88,6 +88,8 @@ class Episode:
     failure: str | None = None
     feedback: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (episode step, kind)
     actions: list[str] = dataclasses.field(default_factory=list)  # the action texts sent to the env
+    # The env's own observation texts (before feedback): the reset one, then one per step.
+    observations: list[str] = dataclasses.field(default_factory=list)
 
 
 # (kind, observation, episode step, the agent's actions so far) -> the enriched text
@@ -142,6 +144,7 @@ def run_episodes(params, sampler: Sampler, envs: EnvBatch, tokenizer: Tokenizer,
         if isinstance(obs, EpisodeFailure):
             episodes[i].failure, episodes[i].done = obs.reason, True
             continue
+        episodes[i].observations.append(obs.text)
         messages = [{"role": "system", "content": system_prompt(tasks[i].env)},
                     {"role": "user", "content": render_observation(i, obs)}]
         first[i] = chat.render(messages, add_generation_prompt=True, enable_thinking=cfg.enable_thinking)
@@ -164,6 +167,7 @@ def run_episodes(params, sampler: Sampler, envs: EnvBatch, tokenizer: Tokenizer,
                 ep.failure, ep.done = res.reason, True
                 continue
             ep.steps += 1
+            ep.observations.append(res.observation.text)
             ep.reward += float(res.reward)
             ep.won = ep.won or bool(res.info.get("won", False))
             if res.done:
