@@ -12,6 +12,13 @@ in `involved_classes` win a clash, which never happens in v3) and calls it with 
 Results are stringified exactly as BFCL's executor does (so the response check compares the
 same strings): `str` unchanged, `dict` via `json.dumps` (falling back to `str`), anything else
 `str(...)`, and a raised exception becomes `"Error during execution: <message>"`.
+
+Every executed call carries three texts: `raw_output` (BFCL's string of the raw result),
+`output` (after the optional `result_transform`: what the agent sees by default) and
+`oe_output` (`output` with the optional `oe_transform` applied on top: the
+observation-enhanced text, shown only when the feedback layer turns OE on). Both hooks run
+right after the call on the same instance, so the agent's and the gold replay's records are
+enriched by the same function from the same kind of state.
 """
 
 from __future__ import annotations
@@ -68,11 +75,17 @@ class CallRecord:
     raw_output: str  # BFCL-stringified raw result (what BFCL's checker compares)
     output: str  # stringified result after `result_transform` (what the agent sees)
     result: Any = None  # the raw Python result (None for rejected / raised calls)
+    oe_output: str | None = None  # `output` enriched by `oe_transform` (None: same as output)
+
+    def __post_init__(self):
+        if self.oe_output is None:
+            self.oe_output = self.output
 
     def as_dict(self) -> dict:
         return {"method": self.name, "class": self.class_name, "args": list(self.args),
                 "kwargs": dict(self.kwargs), "ok": self.ok, "invalid": self.invalid,
-                "raw_output": self.raw_output, "output": self.output, "result": self.result}
+                "raw_output": self.raw_output, "output": self.output,
+                "oe_output": self.oe_output, "result": self.result}
 
 
 def strip_reasoning(text: str) -> str:
@@ -292,15 +305,23 @@ def public_methods(instances: Mapping[str, Any]) -> dict[str, tuple[str, Callabl
 
 
 class Dispatcher:
-    """Executes `ParsedCall`s on one set of backend instances, only via public methods."""
+    """Executes `ParsedCall`s on one set of backend instances, only via public methods.
+
+    `result_transform` gives `output` from the raw result; `oe_transform` gives `oe_output`
+    from what `result_transform` returned (or from the raw result). Both get a deep copy of
+    the result (or the raised exception) and the live instance, which they may read but must
+    not change. An `oe_transform` that raises leaves `oe_output` equal to `output`.
+    """
 
     def __init__(self, instances: Mapping[str, Any], *,
                  result_transform: ResultTransform | None = None,
+                 oe_transform: ResultTransform | None = None,
                  blocked: Callable[[str], str | None] | None = None,
                  call_timeout_s: float | None = None):
         self.instances = dict(instances)
         self.table = public_methods(self.instances)
         self.result_transform = result_transform
+        self.oe_transform = oe_transform
         self.blocked = blocked  # name -> reason it may not be called now, or None
         self.call_timeout_s = call_timeout_s
 
@@ -338,17 +359,29 @@ class Dispatcher:
             result = e
             raw_output = stringify(e)
         ok = not isinstance(result, BaseException)
-        output = raw_output
+        output = oe_output = raw_output
+        if self.result_transform is None and self.oe_transform is None:
+            return CallRecord(name, call.args, call.kwargs, class_name, ok, False, raw_output,
+                              output, copy.deepcopy(result) if ok else None)
+        instance, kwargs = self.instances[class_name], _kwargs_view(method, call)
+        view = copy.deepcopy(result) if ok else result  # in-place edits cannot reach the state
         if self.result_transform is not None:
-            view = copy.deepcopy(result) if ok else result
-            new = self.result_transform(self.instances[class_name], name,
-                                        _kwargs_view(method, call), view)
+            view = self.result_transform(instance, name, kwargs, view)
+            output = oe_output = _stringify_or(view, raw_output)
+        if self.oe_transform is not None:
             try:
-                output = stringify(new)
-            except Exception:  # noqa: BLE001 - an unprintable enrichment: keep the raw text
-                output = raw_output
+                oe_output = _stringify_or(self.oe_transform(instance, name, kwargs, view), output)
+            except Exception:  # noqa: BLE001 - a failing enrichment must not end the episode
+                oe_output = output
         return CallRecord(name, call.args, call.kwargs, class_name, ok, False, raw_output,
-                          output, copy.deepcopy(result) if ok else None)
+                          output, copy.deepcopy(result) if ok else None, oe_output)
+
+
+def _stringify_or(value: Any, fallback: str) -> str:
+    try:
+        return stringify(value)
+    except Exception:  # noqa: BLE001 - an unprintable enrichment: keep the plain text
+        return fallback
 
 
 # Arguments that make one backend call run for minutes inside C code (uninterruptible):

@@ -99,6 +99,34 @@ def bfcl_ag(obs: Observation, actions: Sequence[str]) -> str:
     return obs.text
 
 
+def bfcl_oe(obs: Observation, actions: Sequence[str]) -> str:
+    """The reference code: tool outputs enriched per class (current path and directory
+    listing, success text for `None`, vehicle / trading / travel notes). The env computes the
+    enriched text next to the plain one when the tools run (`jaxscaffold.envs.bfcl.
+    enrich_result`, also applied to the gold replay) and hands it over as
+    `privileged["oe_text"]`; this swaps it in on tool-output observations (BFCL AG never
+    changes those) and leaves user messages unchanged."""
+    p = obs.privileged
+    if p.get("message_role") != "tool":
+        return obs.text
+    return p.get("oe_text", obs.text)
+
+
+# ----------------------------------------------------------------------------- tau2
+
+
+def tau2_oe(obs: Observation, actions: Sequence[str]) -> str:
+    """The current DB records the episode has touched so far (an order, a user, a
+    reservation, ...; most recent last) and, in telecom, the user's phone, from
+    `privileged["db_state"]` (computed by `jaxscaffold.envs.tau2` after every step)."""
+    state = obs.privileged.get("db_state") or {}
+    lines = [f"{r['table']} {r['id']}: {r['summary']}" for r in state.get("records", [])]
+    for key, label in (("user_device", "user's phone"), ("user_surroundings", "user's surroundings")):
+        if state.get(key):
+            lines.append(f"{label}: {state[key]}")
+    return f"{obs.text}\n[Current DB state]\n" + "\n".join(lines) if lines else obs.text
+
+
 Form = Callable[[Observation, Sequence[str]], str]
 FORMS: dict[tuple[str, str], dict[str, Form]] = {
     ("sciworld", "ag"): {"reference": sciworld_ag_reference, "paper": sciworld_ag_paper},
@@ -106,6 +134,8 @@ FORMS: dict[tuple[str, str], dict[str, Form]] = {
     ("alfworld", "ag"): {"paper": alfworld_ag},
     ("alfworld", "oe"): {"checklist": alfworld_oe},
     ("bfcl", "ag"): {"reference": bfcl_ag},
+    ("bfcl", "oe"): {"reference": bfcl_oe},
+    ("tau2", "oe"): {"db_state": tau2_oe},
 }
 DEFAULT_FORMS = {"ag": "paper", "oe": "checklist"}
 

@@ -313,6 +313,33 @@ def test_result_transform_applies_to_agent_and_gold_and_cannot_touch_state():
         assert _play(env, task, per_turn).reward == 1.0
 
 
+def _raising_transform(instance, method, kwargs, result):
+    raise RuntimeError("broken enrichment")
+
+
+def test_oe_transform_stacks_on_result_transform_and_never_breaks_a_step():
+    task = _task("multi_turn_base_0")
+    env = B.BFCLEnv(tool_format="python", result_transform=_fs_transform,
+                    oe_transform="jaxscaffold.envs.bfcl:enrich_result")
+    env.reset(task)
+    r = env.step("[cd(folder='document')]")
+    rec = r.observation.privileged["tool_results"][0]
+    assert set(json.loads(rec["output"])) == {"current_working_directory", "_cwd", "_args"}
+    assert set(json.loads(rec["oe_output"])) == {"current_working_directory", "_cwd", "_args",
+                                                 "_current_path", "_directory_contents"}
+    assert r.observation.text == f"cd: {rec['output']}"
+    # a failing enrichment: the plain text stands in, the episode goes on and still wins
+    _, _, per_turn = _turns(task)
+    env = B.BFCLEnv(tool_format="python", oe_transform=_raising_transform,
+                    response_check_on="oe")
+    env.reset(task)
+    r = env.step("[cd(folder='document')]")
+    assert r.observation.privileged["oe_text"] == r.observation.text
+    assert _play(env, task, per_turn).reward == 1.0
+    with pytest.raises(ValueError):
+        B.BFCLEnv(response_check_on="enriched")
+
+
 def test_state_probe_reaches_privileged():
     env = B.BFCLEnv(tool_format="python", state_probe=lambda inst: sorted(inst))
     obs = env.reset(_task("multi_turn_base_0"))

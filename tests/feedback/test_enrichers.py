@@ -85,7 +85,7 @@ def test_bfcl_ag_on_real_entries():
     gold = obs.privileged["gold_calls"]
     enrich = E.enricher("bfcl")
     assert enrich("ag", obs, 0, []).endswith(f"{E.BFCL_HINT} {gold[0]}")
-    assert enrich("oe", obs, 0, []) == obs.text  # BFCL OE is not implemented yet: unchanged
+    assert enrich("oe", obs, 0, []) == obs.text  # BFCL OE rewrites tool outputs only: a user turn is unchanged
     r = env.step("[" + ", ".join(gold) + "]")  # a tool-result observation gets no AG
     assert r.observation.privileged["message_role"] == "tool"
     assert enrich("ag", r.observation, 1, []) == r.observation.text
