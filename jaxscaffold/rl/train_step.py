@@ -139,6 +139,35 @@ def make_train_step(model_config: Qwen3Config, algo: AlgorithmConfig, optimizer:
                            entropy_BT=entropy, agg_constant=agg_constant, denominators=denominators,
                            **loss_kwargs)
 
+    return _jitted_step(model_config, optimizer, micro_loss, num_micro_batches=num_micro_batches, mesh=mesh,
+                        rules=rules, with_reference=with_reference)
+
+
+def make_sft_step(model_config: Qwen3Config, optimizer: optax.GradientTransformation, *,
+                  num_micro_batches: int = 1, logprob_chunk: int | None = None, mesh=None,
+                  rules: ShardingRules = DEFAULT_RULES) -> Callable:
+    """`sft_step(state, batch) -> (state, metrics)`: token-level cross-entropy on the masked
+    tokens (mean over all of the batch's masked tokens), the same state, batch layout,
+    sharding, accumulation and non-finite guard as `make_train_step`; adv / old_logp unused."""
+
+    def micro_loss(params, mb, denominators, ref_params):
+        del ref_params
+        chunk = logprob_chunk or max(1, 1024 // mb["tokens_BT"].shape[0])
+        logp, entropy = token_logprobs(params, model_config, mb["tokens_BT"], segment_ids_BT=mb["segment_ids_BT"],
+                                       chunk=chunk)
+        mask = mb["loss_mask_BT"].astype(jnp.float32)
+        n = jnp.maximum(denominators["tokens"], 1.0)
+        nll = -jnp.sum(jnp.where(mask > 0, logp, 0.0)) / n
+        return nll, {"loss": nll, "nll": nll, "entropy": jnp.sum(jnp.where(mask > 0, entropy, 0.0)) / n}
+
+    return _jitted_step(model_config, optimizer, micro_loss, num_micro_batches=num_micro_batches, mesh=mesh,
+                        rules=rules, with_reference=False)
+
+
+def _jitted_step(model_config, optimizer, micro_loss, *, num_micro_batches, mesh, rules, with_reference):
+    """The optimizer step around a micro-batch loss: exact accumulation over micro-batches
+    (every loss term divides by the full batch's counts), a skipped non-finite step, jit with
+    explicit shardings and the state donated."""
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
     def step(state: TrainState, batch: dict, ref_params=None):
