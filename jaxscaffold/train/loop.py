@@ -153,7 +153,7 @@ class EnvWorkload:
     """Task RL on environments: what a step collects (rollouts with the feedback schedule) and
     how it is evaluated (greedy, held-out tasks, the standard env)."""
 
-    def __init__(self, job: Job):
+    def __init__(self, job: Job, params=None):
         cfg = job.cfg
         names = set(env_names(cfg.envs.train) + env_names(cfg.envs.eval))
         if cfg.envs.num_workers > 0:
@@ -279,14 +279,14 @@ def _job(cfg) -> tuple[Job, Any]:
     return job, state
 
 
-def train(cfg, workload: Callable[[Job], Any] = EnvWorkload) -> dict[str, Any]:
+def train(cfg, workload: Callable[[Job, Any], Any] = EnvWorkload) -> dict[str, Any]:
     """Runs (or resumes) the job described by `cfg`; returns the final metrics and history.
 
-    `workload(job)` builds what a step collects and how the model is evaluated (default: task
+    `workload(job, initial_params)` builds what a step collects and how the model is evaluated (default: task
     RL on environments); it has `collect`, `evaluate`, `get_state`, `set_state` and `close`.
     """
     job, state = _job(cfg)
-    work = workload(job)
+    work = workload(job, state.params)
     out = cfg.out_dir
     os.makedirs(out, exist_ok=True)
     ckpt = Checkpointer(os.path.join(out, "checkpoints"), keep=cfg.checkpoint.keep)
