@@ -16,7 +16,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # The CPU build of PyTorch is the parity reference (transformers' Qwen3) in tests;
   # pinning it first keeps pip from pulling a multi-GB CUDA build.
   .venv/bin/pip install -q "torch==2.13.0"
-  .venv/bin/pip install -q -e ".[test,envs,rwml]"
+  .venv/bin/pip install -q -e ".[test,envs,rwml,tau2]"
   # Installed without their declared dependencies (see pyproject.toml's `envs` extra).
   .venv/bin/pip install -q --no-deps bfcl-eval==2025.7.17 alfworld==0.4.2 textworld==1.7.0
   # These two build C/C++ code whose build script calls `python` from PATH: the venv's.

@@ -3,12 +3,14 @@ interface (the same action text an agent would write), a sanity check of the ada
 
 from __future__ import annotations
 
+import json
+
 from jaxscaffold.envs.base import Observation
 
 # Gold plays BFCL in its Python call-list format (the gold answers are Python call strings),
 # and gold paths longer than the training step limits must not be cut.
 GOLD_ENV_KWARGS = {"bfcl": {"tool_format": "python"}, "sciworld": {"step_limit": 1000},
-                   "alfworld": {"step_limit": 1000}}
+                   "alfworld": {"step_limit": 1000}, "tau2": {"max_steps": 1000}}
 
 
 class GoldPolicy:
@@ -27,6 +29,24 @@ class GoldPolicy:
             return "Done."  # a text reply ends the turn
         if self.env == "letters":
             return "e" * 32
+        if self.env == "tau2":
+            return self._tau2(obs)
         action = self.plan[self.k] if self.k < len(self.plan) else "look around"
         self.k += 1
         return f"<action>{action}</action>"
+
+    def _tau2(self, obs: Observation) -> str:
+        """tau2: the gold tool calls one per step (user-side ones too: without a user, telecom
+        runs solo, where the agent has the phone's tools), then one message with the facts to
+        communicate, then `done`. A user's reply never changes the plan."""
+        if self.k < len(self.plan):
+            action = self.plan[self.k]
+            self.k += 1
+            call = {"name": action["name"], "arguments": action["arguments"]}
+            return f"<tool_call>\n{json.dumps(call, ensure_ascii=False)}\n</tool_call>"
+        facts = obs.privileged.get("gold_communicate") or []
+        if self.k == len(self.plan) and facts:
+            self.k += 1
+            return " ".join(facts)
+        self.k += 1
+        return '<tool_call>\n{"name": "done", "arguments": {}}\n</tool_call>'

@@ -14,6 +14,7 @@ ENVS = {
     "sciworld": ("jaxscaffold.envs.sciworld", "catalogue", "ScienceWorldEnv", "envs"),
     "bfcl": ("jaxscaffold.envs.bfcl", "catalogue", "BFCLEnv", "envs"),
     "alfworld": ("jaxscaffold.envs.alfworld", "catalogue", "ALFWorldEnv", "envs"),
+    "tau2": ("jaxscaffold.envs.tau2", "catalogue", "Tau2Env", "tau2"),
 }
 
 
