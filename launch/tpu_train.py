@@ -45,10 +45,16 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config (a 
 
 def main(_):
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from jaxscaffold.train.loop import train
     cfg = _CONFIG.value
     if cfg is None:
         sys.exit("error: --config is required, e.g. --config tiny.py")
+    job = cfg.get("job", "rl")
+    if job == "rl":  # task RL on environments (FEE, the standard baseline, RWML's stage 2)
+        from jaxscaffold.train.loop import train
+    elif job == "rwml":  # world-model RL (RWML's stage 1)
+        from jaxscaffold.train.rwml import train_world_model as train
+    else:
+        sys.exit(f"error: unknown job {job!r} in the config (rl, rwml)")
     result = train(cfg)
     hist = result["history"]
     if hist:

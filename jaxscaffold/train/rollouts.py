@@ -145,7 +145,10 @@ def run_episodes(params, sampler: Sampler, envs: EnvBatch, tokenizer: Tokenizer,
             episodes[i].failure, episodes[i].done = obs.reason, True
             continue
         episodes[i].observations.append(obs.text)
-        messages = [{"role": "system", "content": system_prompt(tasks[i].env)},
+        # An env with per-task instructions (BFCL's function docs, tau2's policy and tools)
+        # hands its system prompt over on the reset observation; the others use the template.
+        system = obs.privileged.get("system_prompt") or system_prompt(tasks[i].env)
+        messages = [{"role": "system", "content": system},
                     {"role": "user", "content": render_observation(i, obs)}]
         first[i] = chat.render(messages, add_generation_prompt=True, enable_thinking=cfg.enable_thinking)
     mt.extend(params, first)
@@ -201,3 +204,25 @@ def _action_of(text: str) -> str:
 def _seed(run_seed: int, train_step: int, episode: int, turn: int) -> int:
     seq = np.random.SeedSequence([run_seed & 0xFFFFFFFF, train_step, episode, turn])
     return int(seq.generate_state(1)[0])
+
+
+def complete(params, sampler: Sampler, tokenizer: Tokenizer, prompts: Sequence[Sequence[int]], *,
+             max_new_tokens: int, seed: int) -> list[tuple[Conversation, str]]:
+    """One assistant turn for each prompt (ids from the chat renderer), `sampler.batch_size` at
+    a time: (the conversation, token exact, and the turn's text without the stop token).
+    Row i's sampling seed derives from (seed, i), so a row is reproducible on its own."""
+    out: list[tuple[Conversation, str]] = []
+    for start in range(0, len(prompts), sampler.batch_size):
+        chunk = prompts[start:start + sampler.batch_size]
+        for p in chunk:
+            if len(p) + 1 > sampler.max_len:
+                raise ValueError(f"a prompt of {len(p)} tokens does not fit the sampler's {sampler.max_len} slots")
+        mt = MultiTurn(sampler)
+        mt.extend(params, dict(enumerate(chunk)))
+        slots = list(range(len(chunk)))
+        gens = mt.generate(params, slots, max_new_tokens=max_new_tokens,
+                           seeds=[_seed(seed, 0, start + i, 0) for i in slots])
+        for i in slots:
+            text = tokenizer.decode([t for t in gens[i].tokens if t not in tokenizer.eos_ids])
+            out.append((mt.conversations[i], text))
+    return out

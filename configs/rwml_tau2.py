@@ -1,0 +1,23 @@
+"""RWML stage 1 on tau2-bench: 6 rollouts per task, the paper's tau2 thresholds (set for
+Qwen3-Embedding-8B: RL 0.4, filter 0.15; recalibrate with launch/rwml_calibrate.py for another
+embedder). The user simulator of the collecting rollouts is configured in the tau2 env."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+import rwml  # noqa: E402
+
+
+def get_config():
+    c = rwml.get_config()
+    c.out_dir = "runs/rwml_tau2"
+    c.envs.train = "tau2"
+    c.envs.eval = "tau2"
+    c.rwml.rollouts_per_task = 6
+    c.rwml.collect_tasks = 200
+    c.rwml.embedder = "qwen3"  # the paper's thresholds below are for Qwen3-Embedding-8B
+    c.rwml.tau_d = 0.4
+    c.rwml.filter.tau_d = 0.15
+    c.model.preset = "qwen3-8b"
+    return c

@@ -1,0 +1,418 @@
+"""RWML, stage 1: world-model RL. The policy learns to predict the environment's next state.
+
+  rollouts of the initial policy (or a scripted explorer) -> triples (history, action, next state)
+  -> held-out split -> difficulty filter (a light SFT'd predictor samples K answers; easy triples
+  mostly dropped) -> GRPO on `<next_state>` answers rewarded by embedding distance (d < tau_d),
+  KL to the initial policy -> evaluation: world-model accuracy on held-out triples -> HF export.
+
+Stage 2 is ordinary task RL (`jaxscaffold.train.loop.train`) from the exported checkpoint
+(`configs/rwml_policy.py`). `train_world_model(cfg)` runs stage 1; the WM-SFT baseline
+(`rwml.objective = "sft"`) fits the same triples with token-level cross-entropy instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxscaffold.envs import registry
+from jaxscaffold.envs.base import Task
+from jaxscaffold.envs.pool import EnvPool, is_failure
+from jaxscaffold.models.chat import Qwen3ChatRenderer
+from jaxscaffold.models.sharding import shard_batch
+from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_sft_step
+from jaxscaffold.rollout.conversation import Conversation
+from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.sampling import GREEDY, SamplingConfig
+from jaxscaffold.train import loop
+from jaxscaffold.train.batching import build_batch
+from jaxscaffold.train.export import export_checkpoint
+from jaxscaffold.train.logger import MetricLogger
+from jaxscaffold.train.rollouts import Episode, LocalEnvs, RolloutConfig, complete, run_episodes
+from jaxscaffold.worldmodel import difficulty, reward as reward_lib, task as task_lib, triples as triples_lib
+from jaxscaffold.worldmodel.embedders import make_embedder
+from jaxscaffold.worldmodel.triples import Triple
+
+log = logging.getLogger(__name__)
+
+DATA_FILE = "triples.jsonl"  # the prepared data set; a resumed run reads it instead of recollecting
+
+
+# ----------------------------------------------------------------------------- trajectories
+
+
+def _envs(cfg):
+    names = set(loop.env_names(cfg.envs.train))
+    if cfg.envs.num_workers > 0:
+        return EnvPool(cfg.envs.num_workers, step_timeout_s=cfg.envs.step_timeout_s)
+    return LocalEnvs({n: registry.factory(n) for n in names})
+
+
+def _collect_tasks(cfg) -> list[Task]:
+    tasks = loop._tasks(cfg.envs.train, cfg.envs.train_split)
+    order = np.random.default_rng(cfg.seed).permutation(len(tasks))[: cfg.rwml.collect_tasks]
+    return [tasks[i] for i in order]
+
+
+def policy_trajectories(job: loop.Job, params, envs, tasks: Sequence[Task]) -> list[Episode]:
+    """N rollouts per task of the current policy (the paper's way; temperature from rwml)."""
+    w = job.cfg.rwml
+    rcfg = RolloutConfig(max_turns=w.collect_max_turns, max_new_tokens=job.cfg.rollout.max_new_tokens,
+                         enable_thinking=job.cfg.rollout.enable_thinking)
+    sampler = Sampler(job.model_config, batch_size=job.sampler.batch_size, max_len=job.cfg.rollout.max_len,
+                      sampling=SamplingConfig(temperature=w.collect_temperature),
+                      cache_dtype=job.cfg.model.cache_dtype)
+    flat = [t for t in tasks for _ in range(w.rollouts_per_task)]
+    episodes = []
+    for start in range(0, len(flat), sampler.batch_size):
+        chunk = flat[start:start + sampler.batch_size]
+        episodes += run_episodes(params, sampler, envs, job.tokenizer, chunk, list(range(len(chunk))), rcfg,
+                                 seed=job.cfg.seed + 31 * start, train_step=0)
+    return episodes
+
+
+def explorer_trajectories(envs, tasks: Sequence[Task], *, rollouts_per_task: int, max_steps: int,
+                          gold_prob: float, seed: int) -> list[Episode]:
+    """Trajectories of a scripted explorer: each step the next expert action with probability
+    `gold_prob`, else a random admissible command. For runs whose policy cannot act yet (the
+    embedded tiny default): the transitions are the env's real ones, and varied."""
+    rng = np.random.default_rng(seed)
+    flat = [t for t in tasks for _ in range(rollouts_per_task)]
+    episodes = [Episode(t, i, Conversation()) for i, t in enumerate(flat)]
+    live = {}
+    for i, obs in enumerate(envs.reset(flat)):
+        if is_failure(obs):
+            episodes[i].failure = obs.reason
+            continue
+        episodes[i].observations.append(obs.text)
+        live[i] = obs
+    for _ in range(max_steps):
+        if not live:
+            break
+        actions = {}
+        for i, obs in live.items():
+            p = obs.privileged
+            choices = list(p.get("admissible_commands") or p.get("valid_actions") or [])
+            nxt = p.get("next_walkthrough_action")
+            if not choices and not nxt:
+                raise ValueError(f"{flat[i].env}: the explorer needs admissible commands in the observation")
+            action = nxt if nxt and (rng.random() < gold_prob or not choices) else choices[rng.integers(len(choices))]
+            episodes[i].actions.append(action)
+            actions[i] = f"<action>{action}</action>"
+        results = envs.step(actions)
+        live = {}
+        for i, res in results.items():
+            ep = episodes[i]
+            if is_failure(res):
+                ep.failure = res.reason
+                continue
+            ep.steps += 1
+            ep.observations.append(res.observation.text)
+            ep.won = ep.won or bool(res.info.get("won", False))
+            if not res.done:
+                live[i] = res.observation
+    return episodes
+
+
+# ----------------------------------------------------------------------------- the data set
+
+
+@dataclasses.dataclass
+class WorldModelData:
+    train: list[Triple]  # what RL samples from (after the difficulty filter)
+    heldout: list[Triple]  # evaluation: world-model accuracy
+    stats: dict[str, float]
+
+
+def _fits(chat, triple: Triple, cfg) -> bool:
+    pcfg = _prompt_config(cfg)
+    return len(task_lib.prompt_ids(chat, triple, pcfg)) + cfg.rollout.max_new_tokens + 1 <= cfg.rollout.max_len
+
+
+def _prompt_config(cfg) -> task_lib.PromptConfig:
+    return task_lib.PromptConfig(history_window=cfg.rwml.history_window, max_chars=cfg.rwml.max_obs_chars,
+                                 enable_thinking=cfg.rollout.enable_thinking)
+
+
+def heldout_split(triples: Sequence[Triple], share: float, seed: int) -> tuple[list[Triple], list[Triple]]:
+    """Held-out triples come from held-out tasks (no transition of theirs is trained on)."""
+    tasks = sorted({(t.env, t.task_id) for t in triples})
+    rng = np.random.default_rng(seed)
+    k = max(1, int(round(share * len(tasks)))) if len(tasks) > 1 else 0
+    held = {tasks[i] for i in rng.permutation(len(tasks))[:k]}
+    return ([t for t in triples if (t.env, t.task_id) not in held],
+            [t for t in triples if (t.env, t.task_id) in held])
+
+
+def prepare_data(job: loop.Job, params, reward_fn) -> WorldModelData:
+    """Collects, splits and filters the triples once; later calls (a resumed run) read them
+    back from out_dir/triples.jsonl so the data set never changes under a run."""
+    cfg, w = job.cfg, job.cfg.rwml
+    path = os.path.join(cfg.out_dir, DATA_FILE)
+    if os.path.exists(path):
+        triples, cols = triples_lib.load(path)
+        train = [t for t, c in zip(triples, cols) if c["split"] == "train" and c["kept"]]
+        heldout = [t for t, c in zip(triples, cols) if c["split"] == "heldout"]
+        return WorldModelData(train, heldout, {"triples/train": float(len(train))})
+    envs = _envs(cfg)
+    try:
+        tasks = _collect_tasks(cfg)
+        if w.collect_policy == "model":
+            episodes = policy_trajectories(job, params, envs, tasks)
+        elif w.collect_policy == "explore":
+            episodes = explorer_trajectories(envs, tasks, rollouts_per_task=w.rollouts_per_task,
+                                             max_steps=w.collect_max_turns, gold_prob=w.explore_gold_prob,
+                                             seed=cfg.seed)
+        else:
+            raise ValueError(f"unknown rwml.collect_policy {w.collect_policy!r} (model, explore)")
+    finally:
+        envs.close()
+    failures = sum(e.failure is not None for e in episodes)
+    raw = [t for e in episodes
+           for t in triples_lib.from_trajectory(e.task.env, e.task.task_id, e.observations, e.actions)]
+    unique = triples_lib.dedupe(raw)
+    stats = {**triples_lib.statistics(raw, unique), "triples/infra_failures": float(failures)}
+    chat = Qwen3ChatRenderer(job.tokenizer)
+    fitting = [t for t in unique if _fits(chat, t, cfg)]
+    stats["triples/too_long"] = float(len(unique) - len(fitting))
+    train, heldout = heldout_split(fitting, w.heldout_share, cfg.seed)
+    if not train or not heldout:
+        raise ValueError(f"too few triples to train and evaluate on ({len(train)} train, {len(heldout)} held out): "
+                         "collect more (rwml.collect_tasks / rollouts_per_task / collect_max_turns)")
+    split = ["train"] * len(train) + ["heldout"] * len(heldout)
+    kept, easy, mean_r = [True] * len(train), [False] * len(train), [float("nan")] * len(train)
+    if w.filter.enabled and w.objective == "rl":
+        kept, easy, mean_r, predictor_idx, fstats = difficulty_filter(job, params, train, reward_fn)
+        for i in predictor_idx:
+            split[i] = "predictor"
+        stats.update(fstats)
+    kept = list(kept) + [True] * len(heldout)
+    easy = list(easy) + [False] * len(heldout)
+    mean_r = list(mean_r) + [float("nan")] * len(heldout)
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    triples_lib.save(path + ".tmp", train + heldout, split=split, kept=kept, easy=easy, mean_reward=mean_r)
+    os.replace(path + ".tmp", path)  # atomic: a crash mid-write never leaves a partial data set
+    kept_train = [t for t, s, k in zip(train, split, kept) if s == "train" and k]
+    stats.update({"triples/train": float(len(kept_train)), "triples/heldout": float(len(heldout))})
+    log.info("world-model data: %s", stats)
+    return WorldModelData(kept_train, heldout, stats)
+
+
+# ----------------------------------------------------------------------------- difficulty filter
+
+
+def sft_on(job: loop.Job, params, triples: Sequence[Triple], *, steps: int, batch_size: int, lr: float,
+           seed: int, logger: MetricLogger | None = None, prefix: str = "sft"):
+    """`steps` SFT steps on the real next states of `triples` (batches drawn with replacement
+    after a shuffle); returns the new parameters (the input ones are left untouched)."""
+    opt = OptimizerConfig(lr=lr, weight_decay=0.0, grad_clip=job.cfg.rl.grad_clip).make()
+    step_fn = make_sft_step(job.model_config, opt, num_micro_batches=job.cfg.rl.micro_batches, mesh=job.mesh)
+    state = init_train_state(jax.tree.map(jnp.copy, params), opt)  # the step donates its state
+    chat = Qwen3ChatRenderer(job.tokenizer)
+    pcfg = _prompt_config(job.cfg)
+    rng = np.random.default_rng(seed)
+    for s in range(steps):
+        picked = [triples[i] for i in rng.integers(len(triples), size=batch_size)]
+        convs = []
+        for t in picked:
+            conv = Conversation()
+            conv.add_context(task_lib.prompt_ids(chat, t, pcfg))
+            target = task_lib.target_ids(chat, t, pcfg)
+            conv.ids += target
+            conv.assistant_mask += [1] * len(target)
+            conv.logprobs += [0.0] * len(target)
+            convs.append(conv)
+        batch = build_batch(convs, np.zeros(len(convs)), row_multiple=job.row_multiple)
+        if job.mesh is not None:
+            batch = shard_batch(batch, job.mesh)
+        state, m = step_fn(state, batch)
+        if logger is not None:
+            logger.log(s + 1, {f"{prefix}/{k}": float(v) for k, v in jax.device_get(m).items()})
+    return state.params
+
+
+def sample_answers(job: loop.Job, params, triples: Sequence[Triple], *, samples: int, seed: int,
+                   greedy: bool = False) -> list[tuple[Conversation, str]]:
+    """`samples` answers per triple (rows of one triple adjacent)."""
+    chat = Qwen3ChatRenderer(job.tokenizer)
+    pcfg = _prompt_config(job.cfg)
+    prompts = [task_lib.prompt_ids(chat, t, pcfg) for t in triples for _ in range(samples)]
+    sampler = job.eval_sampler if greedy else job.sampler
+    return complete(params, sampler, job.tokenizer, prompts, max_new_tokens=job.cfg.rollout.max_new_tokens,
+                    seed=seed)
+
+
+def difficulty_filter(job: loop.Job, params, triples: Sequence[Triple], reward_fn):
+    """The paper's filter on the training triples: a predictor SFT'd on `sft_share` of them
+    samples K answers for each of the rest; easy ones (mean reward >= tau_easy) stay with
+    probability p_keep_easy. Returns (kept, easy, mean reward, predictor indices, stats); the
+    predictor's own triples are not kept (they were trained on)."""
+    f = job.cfg.rwml.filter
+    fc = difficulty.FilterConfig(sft_share=f.sft_share, samples=f.samples, tau_d=f.tau_d, tau_easy=f.tau_easy,
+                                 p_keep_easy=f.p_keep_easy)
+    pred_idx, rest_idx = difficulty.split_for_predictor(len(triples), fc.sft_share, job.cfg.seed)
+    predictor = sft_on(job, params, [triples[i] for i in pred_idx], steps=f.sft_steps, batch_size=f.sft_batch,
+                       lr=f.sft_lr, seed=job.cfg.seed)
+    rest = [triples[i] for i in rest_idx]
+    answers = sample_answers(job, predictor, rest, samples=fc.samples, seed=job.cfg.seed + 17)
+    targets = [t.next_state for t in rest for _ in range(fc.samples)]
+    rewards = reward_fn([a for _, a in answers], targets, fc.tau_d)[0].reshape(len(rest), fc.samples)
+    mean = rewards.mean(axis=1)
+    keep_rest, easy_rest = difficulty.keep_mask(mean, fc.tau_easy, fc.p_keep_easy, job.cfg.seed)
+    kept, easy, mean_r = [False] * len(triples), [False] * len(triples), [float("nan")] * len(triples)
+    for j, i in enumerate(rest_idx):
+        kept[i], easy[i], mean_r[i] = bool(keep_rest[j]), bool(easy_rest[j]), float(mean[j])
+    n_kept = int(keep_rest.sum())
+    stats = {"filter/predictor_triples": float(len(pred_idx)), "filter/scored": float(len(rest)),
+             "filter/easy_share": float(easy_rest.mean()) if len(rest) else 0.0,
+             "filter/kept": float(n_kept),
+             "filter/kept_hard_share": float((keep_rest & ~easy_rest).sum() / max(n_kept, 1)),
+             "filter/mean_reward": float(mean.mean()) if len(rest) else 0.0}
+    del predictor
+    return kept, easy, mean_r, pred_idx, stats
+
+
+# ----------------------------------------------------------------------------- rewards
+
+
+def make_reward(job: loop.Job):
+    """`reward_fn(answers, targets, tau_d) -> (rewards, distances)` from the config."""
+    w = job.cfg.rwml
+    if w.reward == "embedding":
+        embedder = make_embedder(w.embedder, w.embedder_path, mesh=job.mesh, batch_size=w.embedder_batch)
+        return lambda answers, targets, tau_d: reward_lib.embedding_rewards(embedder, answers, targets, tau_d)
+    if w.reward in ("judge_binary", "judge_continuous"):
+        judge = reward_lib.JudgeReward(_judge_chat(job), mode=w.reward.removeprefix("judge_"))
+
+        def judged(answers, targets, tau_d):
+            r = judge(answers, targets)
+            return r, 1.0 - r  # a judge has no distance; 1 - score keeps the metrics comparable
+        return judged
+    raise ValueError(f"unknown rwml.reward {w.reward!r} (embedding, judge_binary, judge_continuous)")
+
+
+def _judge_chat(job: loop.Job):
+    """A chat callable on a local judge model (rwml.judge_path: an HF dir), greedy."""
+    from jaxscaffold.models import hf_io
+    from jaxscaffold.models.tokenizer import load_tokenizer
+    path = job.cfg.rwml.judge_path
+    if not path:
+        raise ValueError("an LLM-judge reward needs rwml.judge_path (a local HF chat model directory)")
+    config, params = hf_io.load_pretrained(path, mesh=job.mesh, compute_dtype=job.cfg.model.compute_dtype)
+    tokenizer = load_tokenizer(path)
+    chat = Qwen3ChatRenderer(tokenizer)
+    sampler = Sampler(config, batch_size=1, max_len=job.cfg.rollout.max_len, sampling=GREEDY)
+
+    def reply(messages):
+        ids = chat.render(messages, add_generation_prompt=True, enable_thinking=False)
+        return complete(params, sampler, tokenizer, [ids], max_new_tokens=16, seed=0)[0][1]
+    return reply
+
+
+# ----------------------------------------------------------------------------- the workload
+
+
+def _task_of(t: Triple) -> Task:
+    return Task(env="worldmodel", task_id=t.key()[:16], split="train", spec={"env": t.env})
+
+
+class WorldModelWorkload:
+    """What `loop.train` runs in stage 1: each step, `tasks_per_step` triples x `group_size`
+    sampled answers, rewarded by the embedding distance (tau_d = rwml.tau_d); evaluation:
+    greedy answers on the held-out triples."""
+
+    def __init__(self, job: loop.Job, params):
+        self.reward_fn = make_reward(job)
+        self.data = prepare_data(job, params, self.reward_fn)
+        self.stream = loop.TaskStream(self.data.train, seed=job.cfg.seed)
+        self.chat = Qwen3ChatRenderer(job.tokenizer)
+        self.reported = False
+
+    def collect(self, job: loop.Job, params, step: int) -> tuple[list[Episode], dict]:
+        c, w = job.cfg.rollout, job.cfg.rwml
+        triples = self.stream.take(c.tasks_per_step)
+        answers = sample_answers(job, params, triples, samples=c.group_size, seed=job.cfg.seed + 7919 * step)
+        targets = [t.next_state for t in triples for _ in range(c.group_size)]
+        rewards, distances = self.reward_fn([a for _, a in answers], targets, w.tau_d)
+        episodes = []
+        for i, ((conv, _), r) in enumerate(zip(answers, rewards)):
+            episodes.append(Episode(_task_of(triples[i // c.group_size]), i // c.group_size, conv,
+                                    reward=float(r), won=bool(r > 0), steps=1, done=True))
+        stats = {**loop.rollout_metrics(episodes, "rollout"), **_distance_metrics(distances, w.tau_d, "rollout")}
+        if not self.reported:  # the data set's figures, once, in the first step's metrics
+            stats.update(self.data.stats)
+            self.reported = True
+        return episodes, stats
+
+    def evaluate(self, job: loop.Job, params, step: int) -> dict[str, float]:
+        w = job.cfg.rwml
+        heldout = self.data.heldout[: job.cfg.eval.tasks]
+        answers = sample_answers(job, params, heldout, samples=1, seed=job.cfg.seed + 1000, greedy=True)
+        rewards, distances = self.reward_fn([a for _, a in answers], [t.next_state for t in heldout], w.tau_d)
+        return {"eval/success": float(rewards.mean()), **_distance_metrics(distances, w.tau_d, "eval")}
+
+    def get_state(self) -> dict:
+        return {"data": self.stream.get_state()}
+
+    def set_state(self, state: dict) -> None:
+        self.stream.set_state(state["data"])
+
+    def close(self) -> None:
+        pass
+
+
+def _distance_metrics(distances: np.ndarray, tau_d: float, prefix: str) -> dict[str, float]:
+    ok = distances < reward_lib.MAX_DISTANCE
+    return {f"{prefix}/wm_accuracy": float(np.mean(distances < tau_d)),
+            f"{prefix}/wm_mean_distance": float(np.mean(distances[ok])) if ok.any() else reward_lib.MAX_DISTANCE,
+            f"{prefix}/wm_parsed": float(np.mean(ok))}
+
+
+# ----------------------------------------------------------------------------- stage 1
+
+
+def train_world_model(cfg) -> dict[str, Any]:
+    """Stage 1 of RWML (or the WM-SFT baseline), then an HF export to `rwml.export_dir`
+    (default out_dir/hf) for stage 2."""
+    if cfg.rwml.objective == "rl":
+        out = loop.train(cfg, workload=WorldModelWorkload)
+    elif cfg.rwml.objective == "sft":
+        out = _wm_sft(cfg)
+    else:
+        raise ValueError(f"unknown rwml.objective {cfg.rwml.objective!r} (rl, sft)")
+    export_dir = cfg.rwml.export_dir or os.path.join(cfg.out_dir, "hf")
+    if export_dir and jax.process_index() == 0:
+        out["export"] = export_checkpoint(cfg.out_dir, export_dir)
+        log.info("exported the world-model checkpoint to %s", export_dir)
+    return out
+
+
+def _wm_sft(cfg) -> dict[str, Any]:
+    """WM-SFT: token-level cross-entropy on every training triple's next state, epochs over
+    the data set, then the held-out accuracy; saved as a checkpoint like an RL run."""
+    from jaxscaffold.train.checkpoint import Checkpointer
+    import json
+    job, state = loop._job(cfg)
+    work = WorldModelWorkload(job, state.params)
+    steps = cfg.steps
+    logger = MetricLogger(cfg.out_dir, total_steps=steps)
+    params = sft_on(job, state.params, work.data.train, steps=steps, batch_size=cfg.rollout.tasks_per_step,
+                    lr=cfg.rl.lr, seed=cfg.seed, logger=logger, prefix="train")
+    metrics = {"step": steps, **work.data.stats, **work.evaluate(job, params, steps)}
+    logger.log(steps, metrics)
+    state = dataclasses.replace(state, params=params)
+    ckpt = Checkpointer(os.path.join(cfg.out_dir, "checkpoints"), keep=cfg.checkpoint.keep)
+    try:
+        ckpt.save(steps, state, {"step": steps, "workload": work.get_state(), "history": [metrics],
+                                 "config": json.loads(cfg.to_json())})
+        ckpt.wait()
+    finally:
+        ckpt.close()
+        logger.close([metrics])
+    return {"history": [metrics], "state": state}

@@ -1,0 +1,55 @@
+"""Rollouts: what the model is shown, and single-turn completions."""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxscaffold.envs import registry
+from jaxscaffold.models import config as model_config, qwen3
+from jaxscaffold.models.chat import Qwen3ChatRenderer
+from jaxscaffold.models.tokenizer import QwenOfflineTokenizer
+from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.sampling import SamplingConfig
+from jaxscaffold.train.rollouts import LocalEnvs, RolloutConfig, complete, run_episodes
+
+CONFIG = model_config.tiny()
+
+
+@pytest.fixture(scope="module")
+def params():
+    return qwen3.init_params(CONFIG, jax.random.key(0))
+
+
+def test_the_env_system_prompt_reaches_the_model(params):
+    """BFCL's per-entry function docs are in the system prompt the model reads."""
+    pytest.importorskip("bfcl_eval")
+    tok = QwenOfflineTokenizer()
+    task = registry.catalogue("bfcl", "train")[0]
+    envs = LocalEnvs({"bfcl": registry.factory("bfcl")})
+    first = envs.reset([task])[0]
+    envs.close()
+    tools = [t["function"]["name"] if "function" in t else t["name"] for t in first.privileged["tools"]]
+    sampler = Sampler(CONFIG, batch_size=1, max_len=4608, sampling=SamplingConfig())
+    ep = run_episodes(params, sampler, envs, tok, [task], [0], RolloutConfig(max_turns=1, max_new_tokens=4),
+                      seed=0, train_step=1)[0]
+    shown = tok.decode(ep.conversation.ids)
+    assert first.privileged["system_prompt"] in shown
+    assert all(name in shown for name in tools)
+    assert ep.observations[0] == first.text
+
+
+def test_complete_is_reproducible_per_row(params):
+    tok = QwenOfflineTokenizer()
+    chat = Qwen3ChatRenderer(tok)
+    prompts = [chat.render([{"role": "user", "content": f"question {i}"}], add_generation_prompt=True,
+                           enable_thinking=False) for i in range(5)]
+    sampler = Sampler(CONFIG, batch_size=2, max_len=64, sampling=SamplingConfig(temperature=1.0))
+    a = complete(params, sampler, tok, prompts, max_new_tokens=6, seed=3)
+    b = complete(params, sampler, tok, prompts, max_new_tokens=6, seed=3)
+    assert [c.ids for c, _ in a] == [c.ids for c, _ in b]
+    for (conv, text), p in zip(a, prompts):
+        assert conv.ids[:len(p)] == p and sum(conv.assistant_mask) == len(conv.ids) - len(p)
+        gen = [t for t in conv.ids[len(p):] if t not in tok.eos_ids]
+        assert text == tok.decode(gen)
+    with pytest.raises(ValueError, match="does not fit"):
+        complete(params, sampler, tok, [list(range(100))], max_new_tokens=1, seed=0)

@@ -1,0 +1,103 @@
+"""RWML end to end on CPU: stage 1 (world-model RL on real ALFWorld triples, with the
+difficulty filter and the embedding reward) -> HF export -> stage 2 (task RL from it); and
+the WM-SFT baseline."""
+
+import hashlib
+import importlib.util
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from tests.envs.conftest import alfworld_data, alfworld_tarball  # noqa: F401,E402  (shared fixtures)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytest.importorskip("sentence_transformers")
+
+
+def load_config(name, **overrides):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    cfg = module.get_config()
+    for k, v in overrides.items():
+        node = cfg
+        *path, last = k.split(".")
+        for p in path:
+            node = node[p]
+        node[last] = v
+    return cfg
+
+
+def stage1_config(out_dir, **overrides):
+    small = {"out_dir": str(out_dir), "steps": 2, "rollout.tasks_per_step": 2, "rollout.group_size": 2,
+             "rollout.max_new_tokens": 8, "rollout.max_len": 512, "envs.num_workers": 0,
+             "rwml.collect_tasks": 4, "rwml.collect_max_turns": 4, "rwml.history_window": 0,
+             "rwml.max_obs_chars": 300, "rwml.heldout_share": 0.25, "rwml.filter.sft_steps": 2,
+             "rwml.filter.sft_batch": 2, "rwml.filter.samples": 2, "rwml.filter.sft_share": 0.2,
+             "eval.every": 2, "eval.tasks": 4, "checkpoint.every": 2}
+    return load_config("rwml_tiny", **{**small, **overrides})
+
+
+@pytest.fixture(scope="module")
+def alfworld_env(alfworld_data):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ALFWORLD_DATA", str(alfworld_data.root))
+        yield
+
+
+@pytest.mark.slow
+def test_two_stages_end_to_end(tmp_path, alfworld_env):
+    from jaxscaffold.models import hf_io
+    from jaxscaffold.train.loop import train
+    from jaxscaffold.train.rwml import DATA_FILE, train_world_model
+
+    out = train_world_model(stage1_config(tmp_path / "wm"))
+    hist = out["history"]
+    assert [h["step"] for h in hist] == [1, 2]
+    first = hist[0]
+    for key in ("triples/unique", "triples/train", "triples/heldout", "filter/scored", "filter/kept",
+                "rollout/wm_accuracy", "rollout/wm_parsed", "train/kl", "train/loss"):
+        assert np.isfinite(first[key]), key
+    assert first["triples/unique"] >= 8 and first["filter/scored"] >= 1
+    assert {"eval/success", "eval/wm_accuracy", "eval/wm_mean_distance"} <= set(hist[1])
+    rows = [json.loads(line) for line in open(tmp_path / "wm" / DATA_FILE)]
+    assert {r["split"] for r in rows} == {"train", "heldout", "predictor"}
+    held_tasks = {r["task_id"] for r in rows if r["split"] == "heldout"}
+    assert held_tasks.isdisjoint({r["task_id"] for r in rows if r["split"] != "heldout"})
+    assert out["export"]["max_abs_logit_diff"] < 1e-4  # transformers reloads the export with equal logits
+
+    # Resuming reads the prepared data set back instead of collecting again.
+    digest = hashlib.sha1(open(tmp_path / "wm" / DATA_FILE, "rb").read()).hexdigest()
+    again = train_world_model(stage1_config(tmp_path / "wm", steps=3, **{"eval.every": 0}))
+    assert [h["step"] for h in again["history"]] == [1, 2, 3]
+    assert hashlib.sha1(open(tmp_path / "wm" / DATA_FILE, "rb").read()).hexdigest() == digest
+
+    # Stage 2 starts from exactly the exported world model.
+    hf = str(tmp_path / "wm" / "hf")
+    _, exported = hf_io.load_pretrained(hf)
+    for a, b in zip(jax.tree.leaves(exported), jax.tree.leaves(again["state"].params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    policy = load_config("rwml_policy", **{
+        "out_dir": str(tmp_path / "policy"), "steps": 1, "model.hf_path": hf, "model.compute_dtype": "float32",
+        "model.cache_dtype": "float32", "model.remat_policy": "none", "rollout.tasks_per_step": 2,
+        "rollout.group_size": 2, "rollout.max_turns": 2, "rollout.max_new_tokens": 8, "rollout.max_len": 2048,
+        "rollout.enable_thinking": False, "envs.train_split": "valid_seen", "envs.eval": "alfworld:valid_seen",
+        "envs.num_workers": 0, "eval.every": 1, "eval.tasks": 2, "eval.max_turns": 2, "checkpoint.every": 1,
+        "mesh.fsdp": 1, "mesh.data": -1})
+    hist = train(policy)["history"]
+    assert len(hist) == 1 and np.isfinite(hist[0]["train/loss"]) and "eval/success_alfworld" in hist[0]
+
+
+@pytest.mark.slow
+def test_wm_sft_baseline_fits_the_next_states(tmp_path, alfworld_env):
+    from jaxscaffold.train.rwml import train_world_model
+    out = train_world_model(stage1_config(tmp_path / "sft", steps=8, **{
+        "rwml.objective": "sft", "rl.lr": 1e-2, "rwml.export_dir": str(tmp_path / "sft_hf")}))
+    metrics = [json.loads(line) for line in open(tmp_path / "sft" / "metrics.jsonl")]
+    nll = [m["train/nll"] for m in metrics if "train/nll" in m]
+    assert len(nll) == 8 and np.mean(nll[-3:]) < 0.85 * np.mean(nll[:3]), nll
+    assert "eval/wm_accuracy" in out["history"][-1]
+    assert os.path.exists(tmp_path / "sft_hf" / "config.json")
