@@ -150,8 +150,16 @@ def run_episodes(params, sampler: Sampler, envs: EnvBatch, tokenizer: Tokenizer,
         system = obs.privileged.get("system_prompt") or system_prompt(tasks[i].env)
         messages = [{"role": "system", "content": system},
                     {"role": "user", "content": render_observation(i, obs)}]
-        first[i] = chat.render(messages, add_generation_prompt=True, enable_thinking=cfg.enable_thinking)
-    mt.extend(params, first)
+        ids = chat.render(messages, add_generation_prompt=True, enable_thinking=cfg.enable_thinking)
+        if len(ids) + cfg.max_new_tokens > sampler.max_len - 1:
+            # Reported like an env failure (excluded from the batch, counted), never a silent 0.
+            log.warning("episode %d (%s): a first prompt of %d tokens leaves no room for %d new tokens in "
+                        "max_len %d", i, tasks[i].task_id, len(ids), cfg.max_new_tokens, sampler.max_len)
+            episodes[i].failure, episodes[i].done = f"context: first prompt of {len(ids)} tokens", True
+            continue
+        first[i] = ids
+    if first:
+        mt.extend(params, first)
 
     for turn in range(cfg.max_turns):
         live = [i for i, ep in enumerate(episodes) if not ep.done]

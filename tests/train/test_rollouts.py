@@ -53,3 +53,13 @@ def test_complete_is_reproducible_per_row(params):
         assert text == tok.decode(gen)
     with pytest.raises(ValueError, match="does not fit"):
         complete(params, sampler, tok, [list(range(100))], max_new_tokens=1, seed=0)
+
+
+def test_a_prompt_that_does_not_fit_is_a_reported_failure(params):
+    tok = QwenOfflineTokenizer()
+    envs = LocalEnvs({"letters": registry.factory("letters")})
+    tasks = registry.catalogue("letters", "train")[:2]
+    sampler = Sampler(CONFIG, batch_size=2, max_len=32, sampling=SamplingConfig())
+    eps = run_episodes(params, sampler, envs, tok, tasks, [0, 1], RolloutConfig(max_turns=1, max_new_tokens=30),
+                       seed=0, train_step=1)
+    assert all(e.failure and e.failure.startswith("context:") for e in eps)
