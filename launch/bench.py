@@ -1,6 +1,6 @@
 """Benchmarks: each prints its figures next to a reference measured in the same run.
 
-  python launch/bench.py {sampler,train,envs} [--json] [--quick]
+  python launch/bench.py {sampler,train,envs,embed} [--json] [--quick]
 
 `--json` prints one JSON object per figure: name, value, unit and, where there is a
 reference, ratio (ours / reference).
@@ -20,6 +20,7 @@ SUITES = {
     "sampler": "benchmarks.sampler",
     "train": "benchmarks.train",
     "envs": "benchmarks.envs",
+    "embed": "benchmarks.embed",
 }
 
 
