@@ -35,11 +35,13 @@ def test_config_is_consistent(path):
         assert name in registry.ENVS, name
 
 
-def test_every_field_has_a_comment():
-    text = open(os.path.join(ROOT, "configs", "base.py")).read()
+@pytest.mark.parametrize("name, prefix", [("base.py", "c."), ("rwml.py", "w.")])
+def test_every_field_has_a_comment(name, prefix):
+    """The files that declare fields (the others override them) comment every one."""
+    text = open(os.path.join(ROOT, "configs", name)).read()
     for line in text.splitlines():
-        if line.strip().startswith("c.") and "=" in line and "ConfigDict()" not in line:
-            assert "#" in line, f"uncommented config field: {line.strip()}"
+        if line.strip().startswith(prefix) and "=" in line and "ConfigDict()" not in line:
+            assert "#" in line, f"uncommented config field in {name}: {line.strip()}"
 
 
 def _launch(*args):
