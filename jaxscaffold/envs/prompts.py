@@ -48,3 +48,20 @@ def system_prompt(env: str) -> str:
     if env not in SYSTEM_PROMPTS:
         raise KeyError(f"no prompt template for environment {env!r}; known: {sorted(SYSTEM_PROMPTS)}")
     return SYSTEM_PROMPTS[env]
+
+
+def history_window_text(first: str, history: Sequence[tuple[str, str]], current: str, step: int) -> str:
+    """The reference code's step-wise user prompt, rebuilt every step: the task (the first
+    observation), how many steps were taken, the last few (observation, action) pairs, and
+    the current observation. `history` is the window already cut (oldest first)."""
+    if step == 0:
+        return current
+    parts = [f"Your task and the first observation:\n{first}",
+             f"You have taken {step} step(s) so far."]
+    if history:
+        start = step - len(history)
+        lines = [f"[Step {start + k + 1}] observation: {obs}\n[Step {start + k + 1}] your action: {act}"
+                 for k, (obs, act) in enumerate(history)]
+        parts.append(f"The last {len(history)} step(s):\n" + "\n".join(lines))
+    parts.append(f"Current observation (step {step + 1}):\n{current}")
+    return "\n\n".join(parts)

@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxscaffold.envs.base import Env, EnvError, Observation, StepResult, Task
 from jaxscaffold.envs.pool import EpisodeFailure
-from jaxscaffold.envs.prompts import system_prompt
+from jaxscaffold.envs.prompts import history_window_text, system_prompt
 from jaxscaffold.feedback import randomization
 from jaxscaffold.feedback.schedule import Schedule
 from jaxscaffold.models.chat import Qwen3ChatRenderer
@@ -90,6 +90,12 @@ class Episode:
     actions: list[str] = dataclasses.field(default_factory=list)  # the action texts sent to the env
     # The env's own observation texts (before feedback): the reset one, then one per step.
     observations: list[str] = dataclasses.field(default_factory=list)
+    # Step-wise representation: one conversation (rebuilt prompt + response) per model turn.
+    rows: list[Conversation] = dataclasses.field(default_factory=list)
+
+    def training_rows(self) -> list[Conversation]:
+        """The token rows this episode trains on: its step rows, or its one trajectory."""
+        return self.rows or ([self.conversation] if len(self.conversation) else [])
 
 
 # (kind, observation, episode step, the agent's actions so far) -> the enriched text
@@ -101,6 +107,11 @@ class RolloutConfig:
     max_turns: int = 15
     max_new_tokens: int = 256
     enable_thinking: bool = False
+    # "trajectory": one growing token sequence per episode (env tokens masked, KV cache reused);
+    # "stepwise": the reference code's rows, a prompt rebuilt each step from the task, the last
+    # `history_window` (observation, action) pairs and the current observation.
+    representation: str = "trajectory"
+    history_window: int = 2
 
 
 def run_episodes(params, sampler: Sampler, envs: EnvBatch, tokenizer: Tokenizer, tasks: Sequence[Task],
@@ -114,6 +125,9 @@ def run_episodes(params, sampler: Sampler, envs: EnvBatch, tokenizer: Tokenizer,
     """
     if len(tasks) > sampler.batch_size:
         raise ValueError(f"{len(tasks)} episodes do not fit the sampler's {sampler.batch_size} slots")
+    if cfg.representation not in ("trajectory", "stepwise"):
+        raise ValueError(f"unknown representation {cfg.representation!r} (trajectory, stepwise)")
+    stepwise = cfg.representation == "stepwise"
     chat = Qwen3ChatRenderer(tokenizer)
     im_end = tokenizer.token_id("<|im_end|>")
     num_groups = num_groups or (max(groups) + 1 if groups else 0)
@@ -139,6 +153,7 @@ def run_episodes(params, sampler: Sampler, envs: EnvBatch, tokenizer: Tokenizer,
         return text
 
     mt = MultiTurn(sampler)
+    systems: dict[int, str] = {}
     first = {}
     for i, obs in enumerate(envs.reset(tasks)):
         if isinstance(obs, EpisodeFailure):
@@ -147,7 +162,7 @@ def run_episodes(params, sampler: Sampler, envs: EnvBatch, tokenizer: Tokenizer,
         episodes[i].observations.append(obs.text)
         # An env with per-task instructions (BFCL's function docs, tau2's policy and tools)
         # hands its system prompt over on the reset observation; the others use the template.
-        system = obs.privileged.get("system_prompt") or system_prompt(tasks[i].env)
+        system = systems[i] = obs.privileged.get("system_prompt") or system_prompt(tasks[i].env)
         messages = [{"role": "system", "content": system},
                     {"role": "user", "content": render_observation(i, obs)}]
         ids = chat.render(messages, add_generation_prompt=True, enable_thinking=cfg.enable_thinking)
@@ -184,20 +199,33 @@ def run_episodes(params, sampler: Sampler, envs: EnvBatch, tokenizer: Tokenizer,
             if res.done:
                 ep.done = True
                 continue
-            ids = chat.continue_with_user(render_observation(i, res.observation),
-                                          enable_thinking=cfg.enable_thinking)
-            if gens[i].finish_reason != "stop":
-                ids = [im_end] + ids  # close a turn cut off by max_new_tokens
-            if len(ids) + cfg.max_new_tokens > mt.room(i):
+            shown = render_observation(i, res.observation)
+            if stepwise:
+                window = list(zip(ep.observations[:-1], ep.actions))[-cfg.history_window:] if cfg.history_window else []
+                user = history_window_text(ep.observations[0], window, shown, ep.steps)
+                ids = chat.render([{"role": "system", "content": systems[i]}, {"role": "user", "content": user}],
+                                  add_generation_prompt=True, enable_thinking=cfg.enable_thinking)
+                room = sampler.max_len - 1
+            else:
+                ids = chat.continue_with_user(shown, enable_thinking=cfg.enable_thinking)
+                if gens[i].finish_reason != "stop":
+                    ids = [im_end] + ids  # close a turn cut off by max_new_tokens
+                room = mt.room(i)
+            if len(ids) + cfg.max_new_tokens > room:
                 ep.done = ep.truncated = True  # no room for another turn
                 continue
             extend[i] = ids
+        if stepwise and extend:  # this step's rows are complete: free their slots for the new prompts
+            for i, conv in mt.release(list(extend)).items():
+                episodes[i].rows.append(conv)
         if extend:
             mt.extend(params, extend)
     for i, ep in enumerate(episodes):
         if not ep.done:
             ep.done = ep.truncated = True
         if i in mt.conversations:
+            if stepwise:
+                ep.rows.append(mt.conversations[i])
             ep.conversation = mt.conversations[i]
     return episodes
 

@@ -63,3 +63,36 @@ def test_a_prompt_that_does_not_fit_is_a_reported_failure(params):
     eps = run_episodes(params, sampler, envs, tok, tasks, [0, 1], RolloutConfig(max_turns=1, max_new_tokens=30),
                        seed=0, train_step=1)
     assert all(e.failure and e.failure.startswith("context:") for e in eps)
+
+
+def test_stepwise_rows_rebuild_the_prompt_with_a_history_window(params, monkeypatch):
+    """The reference code's representation: one row per model turn whose prompt is the task,
+    the step count, the last `history_window` steps and the current observation."""
+    from tests.train.toy_envs import CoinEnv, catalogue, register
+    register(monkeypatch)
+    tok = QwenOfflineTokenizer()
+    tasks = catalogue("train", 6)
+    sampler = Sampler(CONFIG, batch_size=6, max_len=512, sampling=SamplingConfig())
+    cfg = RolloutConfig(max_turns=3, max_new_tokens=6, representation="stepwise", history_window=1)
+    eps = run_episodes(params, sampler, LocalEnvs({"coin": CoinEnv}), tok, tasks, list(range(6)), cfg,
+                       seed=0, train_step=1)
+    assert any(e.steps >= 2 for e in eps)
+    for e in eps:
+        rows = e.training_rows()
+        assert len(rows) == e.steps  # one row per model turn (each got an env answer here)
+        for t, row in enumerate(rows):
+            text = tok.decode(row.ids)
+            assert text.count("<|im_start|>user") == 1  # a fresh prompt, not a growing chat
+            if t == 0:
+                assert e.observations[0] in text and "step(s) so far" not in text
+            else:
+                assert f"You have taken {t} step(s) so far." in text
+                assert f"Current observation (step {t + 1}):\n{e.observations[t]}" in text
+                assert f"[Step {t}] your action: {e.actions[t - 1]}" in text
+                if t >= 2:  # the window holds one step: the older ones are gone
+                    assert f"[Step {t - 1}] your action" not in text
+            mask = row.assistant_mask
+            assert sum(mask) > 0 and mask[-sum(mask):] == [1] * sum(mask)  # the response ends the row
+    traj = run_episodes(params, sampler, LocalEnvs({"coin": CoinEnv}), tok, tasks, list(range(6)),
+                        RolloutConfig(max_turns=3, max_new_tokens=6), seed=0, train_step=1)
+    assert all(len(e.training_rows()) == 1 for e in traj)
