@@ -63,3 +63,38 @@ def token_logprobs(params, config: Qwen3Config, tokens_BT, *, segment_ids_BT=Non
     h = qwen3.hidden_states(params, config, tokens_BT, segment_ids_BT=segment_ids_BT,
                             positions_BT=positions_BT)
     return logprobs_from_hidden(params, config, h, tokens_BT, chunk=chunk)
+
+
+def masked_token_logprobs(params, config: Qwen3Config, tokens_BT, mask_BT, num_positions: int, *,
+                          segment_ids_BT=None, chunk: int = 256):
+    """`token_logprobs` where only the first `num_positions` masked positions of each row are
+    scored (the unembedding runs on [B, K] instead of [B, T]); every other position reads 0.
+
+    The loss only reads masked positions (model tokens), so with `num_positions` >= the
+    largest masked count of a row this equals `token_logprobs` wherever the mask is 1. In
+    multi-turn rows most tokens are prompt and environment text, and the unembedding at
+    Qwen3's vocabulary is a large part of a small model's step.
+    """
+    b, t = tokens_BT.shape
+    num_positions = min(num_positions, t)
+    h = qwen3.hidden_states(params, config, tokens_BT, segment_ids_BT=segment_ids_BT)
+    index = jnp.arange(t, dtype=jnp.int32)
+    # Masked positions first, in order (position 0 is never scored: nothing predicts it).
+    keys = jnp.where((mask_BT > 0) & (index > 0), index, t + index)
+    pos_BK = jnp.argsort(keys, axis=1)[:, :num_positions].astype(jnp.int32)
+    scored_BK = jnp.take_along_axis(keys, pos_BK, axis=1) < t
+    h_BKD = jnp.take_along_axis(h, jnp.maximum(pos_BK - 1, 0)[..., None], axis=1)
+    targets_BK = jnp.take_along_axis(tokens_BT, pos_BK, axis=1)
+    k = num_positions
+    c = min(chunk, k)
+    pad = (-k) % c
+    h_KBCD = jnp.pad(h_BKD, ((0, 0), (0, pad), (0, 0))).reshape(b, -1, c, h.shape[-1]).swapaxes(0, 1)
+    t_KBC = jnp.pad(targets_BK, ((0, 0), (0, pad))).reshape(b, -1, c).swapaxes(0, 1)
+    stats = jax.checkpoint(lambda hc, tc: _chunk_stats(params, config, hc, tc))
+    _, (logp, ent) = jax.lax.scan(lambda _, xs: (None, stats(*xs)), None, (h_KBCD, t_KBC))
+    logp = jnp.where(scored_BK, logp.swapaxes(0, 1).reshape(b, -1)[:, :k], 0.0)
+    ent = jnp.where(scored_BK, ent.swapaxes(0, 1).reshape(b, -1)[:, :k], 0.0)
+    rows = jnp.arange(b)[:, None]
+    # Distinct positions per row (an argsort), so the scatter never adds two values together.
+    return (jnp.zeros((b, t), jnp.float32).at[rows, pos_BK].set(logp),
+            jnp.zeros((b, t), jnp.float32).at[rows, pos_BK].set(ent))

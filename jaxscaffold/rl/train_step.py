@@ -17,6 +17,7 @@ skipped (parameters and optimizer state unchanged) and counted.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -27,7 +28,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxscaffold.models.config import Qwen3Config
 from jaxscaffold.models.qwen3 import param_shapes, param_shardings
 from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules
-from jaxscaffold.rl.logprobs import token_logprobs
+from jaxscaffold.rl.logprobs import masked_token_logprobs, token_logprobs
 from jaxscaffold.rl.losses import loss_denominators, policy_loss
 from jaxscaffold.rl.presets import AlgorithmConfig
 
@@ -111,8 +112,8 @@ def _micro_batches(batch: dict, n: int) -> dict:
 
 def make_train_step(model_config: Qwen3Config, algo: AlgorithmConfig, optimizer: optax.GradientTransformation,
                     *, num_micro_batches: int = 1, agg_constant: float | None = None, logprob_chunk: int | None = None,
-                    mesh=None, rules: ShardingRules = DEFAULT_RULES, with_reference: bool = False
-                    ) -> Callable:
+                    mesh=None, rules: ShardingRules = DEFAULT_RULES, with_reference: bool = False,
+                    score_masked_only: bool = True) -> Callable:
     """Builds `train_step(state, batch[, ref_params]) -> (state, metrics)`, jitted.
 
     `logprob_chunk` is the sequence positions per logprob chunk (default: about 1024 tokens
@@ -120,69 +121,76 @@ def make_train_step(model_config: Qwen3Config, algo: AlgorithmConfig, optimizer:
     With a mesh, the step has explicit in/out shardings (parameters and optimizer state as
     the rules say, rows over the batch axes) and donates the state. `with_reference` adds the
     frozen reference parameters argument (needed when `algo.kl_coef > 0`).
+    `score_masked_only` unembeds only the trained-on positions (their count per row, bucketed
+    to a power of two, is a static shape: one compiled program per bucket); off, every position.
     """
     if algo.kl_coef and not with_reference:
         raise ValueError(f"{algo.name}: kl_coef={algo.kl_coef} needs with_reference=True (frozen reference params)")
     loss_kwargs = algo.loss_kwargs()
 
-    def micro_loss(params, mb, denominators, ref_params):
-        # Positions per logprob chunk: about 1024 tokens of [tokens, vocab] f32 logits at once.
-        chunk = logprob_chunk or max(1, 1024 // mb["tokens_BT"].shape[0])
-        logp, entropy = token_logprobs(params, model_config, mb["tokens_BT"], segment_ids_BT=mb["segment_ids_BT"],
-                                       chunk=chunk)
+    def micro_loss(params, mb, denominators, ref_params, num_positions):
+        logp, entropy = _logprobs(params, model_config, mb, num_positions, logprob_chunk)
         ref_logp = None
         if ref_params is not None:
-            ref_logp = jax.lax.stop_gradient(token_logprobs(
-                ref_params, model_config, mb["tokens_BT"], segment_ids_BT=mb["segment_ids_BT"],
-                chunk=chunk)[0])
+            ref_logp = jax.lax.stop_gradient(_logprobs(ref_params, model_config, mb, num_positions, logprob_chunk)[0])
         return policy_loss(logp, mb["old_logp_BT"], mb["adv_B"], mb["loss_mask_BT"], ref_logp_BT=ref_logp,
                            entropy_BT=entropy, agg_constant=agg_constant, denominators=denominators,
                            **loss_kwargs)
 
     return _jitted_step(model_config, optimizer, micro_loss, num_micro_batches=num_micro_batches, mesh=mesh,
-                        rules=rules, with_reference=with_reference)
+                        rules=rules, with_reference=with_reference, score_masked_only=score_masked_only)
+
+
+def _logprobs(params, config, mb, num_positions, logprob_chunk):
+    """(logp_BT, entropy_BT) of a micro-batch: all positions (num_positions None) or only the
+    first `num_positions` masked ones of each row (what the loss reads)."""
+    # Positions per logprob chunk: about 1024 tokens of [tokens, vocab] f32 logits at once.
+    chunk = logprob_chunk or max(1, 1024 // mb["tokens_BT"].shape[0])
+    if num_positions is None:
+        return token_logprobs(params, config, mb["tokens_BT"], segment_ids_BT=mb["segment_ids_BT"], chunk=chunk)
+    return masked_token_logprobs(params, config, mb["tokens_BT"], mb["loss_mask_BT"], num_positions,
+                                 segment_ids_BT=mb["segment_ids_BT"], chunk=chunk)
 
 
 def make_sft_step(model_config: Qwen3Config, optimizer: optax.GradientTransformation, *,
                   num_micro_batches: int = 1, logprob_chunk: int | None = None, mesh=None,
-                  rules: ShardingRules = DEFAULT_RULES) -> Callable:
+                  rules: ShardingRules = DEFAULT_RULES, score_masked_only: bool = True) -> Callable:
     """`sft_step(state, batch) -> (state, metrics)`: token-level cross-entropy on the masked
     tokens (mean over all of the batch's masked tokens), the same state, batch layout,
     sharding, accumulation and non-finite guard as `make_train_step`; adv / old_logp unused."""
 
-    def micro_loss(params, mb, denominators, ref_params):
+    def micro_loss(params, mb, denominators, ref_params, num_positions):
         del ref_params
-        chunk = logprob_chunk or max(1, 1024 // mb["tokens_BT"].shape[0])
-        logp, entropy = token_logprobs(params, model_config, mb["tokens_BT"], segment_ids_BT=mb["segment_ids_BT"],
-                                       chunk=chunk)
+        logp, entropy = _logprobs(params, model_config, mb, num_positions, logprob_chunk)
         mask = mb["loss_mask_BT"].astype(jnp.float32)
         n = jnp.maximum(denominators["tokens"], 1.0)
         nll = -jnp.sum(jnp.where(mask > 0, logp, 0.0)) / n
         return nll, {"loss": nll, "nll": nll, "entropy": jnp.sum(jnp.where(mask > 0, entropy, 0.0)) / n}
 
     return _jitted_step(model_config, optimizer, micro_loss, num_micro_batches=num_micro_batches, mesh=mesh,
-                        rules=rules, with_reference=False)
+                        rules=rules, with_reference=False, score_masked_only=score_masked_only)
 
 
-def _jitted_step(model_config, optimizer, micro_loss, *, num_micro_batches, mesh, rules, with_reference):
+def _jitted_step(model_config, optimizer, micro_loss, *, num_micro_batches, mesh, rules, with_reference,
+                 score_masked_only):
     """The optimizer step around a micro-batch loss: exact accumulation over micro-batches
     (every loss term divides by the full batch's counts), a skipped non-finite step, jit with
-    explicit shardings and the state donated."""
+    explicit shardings and the state donated; one compiled program per scored-positions bucket."""
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-    def step(state: TrainState, batch: dict, ref_params=None):
+    def step(num_positions, state: TrainState, batch: dict, ref_params=None):
         batch = {k: batch[k] for k in BATCH_AXES}
         denominators = loss_denominators(batch["loss_mask_BT"])
         micro = _micro_batches(batch, num_micro_batches)
 
         def accumulate(carry, mb):
             grads, metrics = carry
-            (_, m), g = grad_fn(state.params, mb, denominators, ref_params)
+            (_, m), g = grad_fn(state.params, mb, denominators, ref_params, num_positions)
             merged = {k: _MERGE.get(k, jnp.add)(metrics[k], v) for k, v in m.items()}
             return (jax.tree.map(jnp.add, grads, g), merged), None
 
         first = jax.tree.map(lambda x: x[0], micro)
-        (_, metrics), grads = grad_fn(state.params, first, denominators, ref_params)
+        (_, metrics), grads = grad_fn(state.params, first, denominators, ref_params, num_positions)
         if num_micro_batches > 1:
             rest = jax.tree.map(lambda x: x[1:], micro)
             (grads, metrics), _ = jax.lax.scan(accumulate, (grads, metrics), rest)
@@ -199,16 +207,40 @@ def _jitted_step(model_config, optimizer, micro_loss, *, num_micro_batches, mesh
                        tokens=denominators["tokens"])
         return new_state, metrics
 
-    if not with_reference:
-        fn = lambda state, batch: step(state, batch)  # noqa: E731
-    else:
-        fn = step
     if mesh is None:
-        return jax.jit(fn, donate_argnums=(0,))
-    st_sh = state_shardings(model_config, optimizer, mesh, rules)
-    in_sh = (st_sh, batch_shardings(mesh, rules)) + ((st_sh.params,) if with_reference else ())
-    replicated = NamedSharding(mesh, PartitionSpec())
-    return jax.jit(fn, in_shardings=in_sh, out_shardings=(st_sh, replicated), donate_argnums=(0,))
+        shardings = {}
+    else:
+        st_sh = state_shardings(model_config, optimizer, mesh, rules)
+        in_sh = (st_sh, batch_shardings(mesh, rules)) + ((st_sh.params,) if with_reference else ())
+        shardings = dict(in_shardings=in_sh, out_shardings=(st_sh, NamedSharding(mesh, PartitionSpec())))
+    compiled: dict = {}
+
+    def program(num_positions):
+        if num_positions not in compiled:
+            fn = functools.partial(step, num_positions)
+            if not with_reference:
+                fn = (lambda f: lambda state, batch: f(state, batch))(fn)
+            compiled[num_positions] = jax.jit(fn, donate_argnums=(0,), **shardings)
+        return compiled[num_positions]
+
+    max_masked = jax.jit(lambda m: jnp.max(jnp.sum(m > 0, axis=1)))
+
+    def train_step(state, batch, *ref_params):
+        num_positions = None
+        if score_masked_only:
+            t = batch["tokens_BT"].shape[1]
+            num_positions = min(t, _bucket(int(max_masked(batch["loss_mask_BT"]))))
+        return program(num_positions)(state, batch, *ref_params)
+
+    train_step.programs = compiled  # the compiled variants (tests count them)
+    return train_step
+
+
+def _bucket(n: int, minimum: int = 16) -> int:
+    b = minimum
+    while b < n:
+        b *= 2
+    return b
 
 
 _MERGE = {"ratio_min": jnp.minimum, "ratio_max": jnp.maximum}  # every other metric is a sum

@@ -61,6 +61,39 @@ def test_chunked_logprobs_equal_full_log_softmax():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=1e-4)
 
 
+def test_masked_only_logprobs_equal_the_full_ones_where_the_loss_reads():
+    params, batch = _params(), _batch()
+    tokens, seg, mask = (jnp.asarray(batch[k]) for k in ("tokens_BT", "segment_ids_BT", "loss_mask_BT"))
+    full = lp_lib.token_logprobs(params, CONFIG, tokens, segment_ids_BT=seg, chunk=5)
+    k = int(mask.sum(1).max())
+    for n in (k, k + 2, 100):  # exactly enough, more than enough (padding entries), more than T
+        sparse = lp_lib.masked_token_logprobs(params, CONFIG, tokens, mask, n, segment_ids_BT=seg, chunk=4)
+        for a, b in zip(sparse, full):
+            np.testing.assert_allclose(np.asarray(a * mask), np.asarray(b * mask), atol=1e-5)
+            assert float(jnp.abs(a * (1 - mask)).max()) == 0.0
+    w = jnp.asarray(np.random.RandomState(1).randn(*tokens.shape), jnp.float32) * mask
+    g_sparse = jax.grad(lambda p: jnp.sum(w * lp_lib.masked_token_logprobs(p, CONFIG, tokens, mask, k,
+                                                                          segment_ids_BT=seg)[0]))(params)
+    g_full = jax.grad(lambda p: jnp.sum(w * lp_lib.token_logprobs(p, CONFIG, tokens, segment_ids_BT=seg)[0]))(params)
+    for a, b in zip(jax.tree.leaves(g_sparse), jax.tree.leaves(g_full)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4 * max(1.0, float(jnp.abs(b).max())))
+
+
+def test_scoring_masked_positions_only_gives_the_same_step():
+    sgd = optax.sgd(1.0)
+    outs = []
+    for masked_only in (True, False):
+        step = make_train_step(CONFIG, preset("grpo"), sgd, score_masked_only=masked_only)
+        state, m = step(init_train_state(jax.tree.map(jnp.copy, _params()), sgd), _batch(3))
+        outs.append((state.params, m))
+        assert len(step.programs) == 1
+    (p1, m1), (p2, m2) = outs
+    for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5 * max(1.0, float(np.abs(b).max())))
+    for key in ("loss", "entropy", "clipfrac_upper"):
+        np.testing.assert_allclose(float(m1[key]), float(m2[key]), rtol=1e-5, atol=1e-6)
+
+
 def _accumulated_updates(cfg, config, batch, params, ns=(1, 4), more_params=()):
     """[(update, metrics) for n in ns] for `params`, then the updates for each of `more_params`
     (the same compiled steps)."""
