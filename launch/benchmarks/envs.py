@@ -11,7 +11,7 @@ from jaxscaffold.envs import registry
 from jaxscaffold.envs.gold import GOLD_ENV_KWARGS, GoldPolicy
 from jaxscaffold.envs.pool import EnvPool, is_failure
 
-SPLITS = {"sciworld": "test", "bfcl": "validation", "alfworld": "valid_unseen", "letters": "test"}
+SPLITS = {"sciworld": "test", "bfcl": "validation", "alfworld": "valid_unseen", "letters": "test", "tau2": "test"}
 
 
 def steps_per_second(env: str, tasks, workers: int, env_kwargs=None, max_steps: int = 40) -> float:
@@ -33,11 +33,17 @@ def steps_per_second(env: str, tasks, workers: int, env_kwargs=None, max_steps: 
 def run(quick: bool = False) -> None:
     n = os.cpu_count() or 2
     envs = ["letters", "bfcl", "sciworld"] + (["alfworld"] if os.environ.get("ALFWORLD_DATA") else [])
+    try:
+        registry.catalogue("tau2", "test")
+        envs.append("tau2")
+    except ImportError:
+        REPORT.say("# tau2 skipped: install the tau2 extra")
     REPORT.say(f"# envs: gold actions through EnvPool; {n} workers = the cores"
                + ("" if "alfworld" in envs else " (set ALFWORLD_DATA to include ALFWorld)"))
     episodes = 2 * n
     for env in envs:
-        tasks = registry.catalogue(env, SPLITS[env])[:episodes]
+        tasks = registry.catalogue(env, SPLITS[env])
+        tasks = tasks[:: max(1, len(tasks) // episodes)][:episodes]  # tau2: every domain
         one = steps_per_second(env, tasks, 1)
         many = steps_per_second(env, tasks, n)
         REPORT.figure(f"{env}: steps/s, 1 worker", one, "steps/s")
