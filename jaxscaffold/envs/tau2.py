@@ -193,6 +193,8 @@ def _resolve(obj: Any) -> Any:
     """A callable, or a "package.module:attr" import path to one (picklable for the pool)."""
     if obj is None or callable(obj):
         return obj
+    if isinstance(obj, str) and obj.startswith(("http://", "https://")):
+        return ChatEndpointUser(obj)  # an OpenAI-compatible endpoint, e.g. launch/serve_chat.py
     if isinstance(obj, str) and ":" in obj:
         module, attr = obj.split(":", 1)
         return functools.reduce(getattr, attr.split("."), importlib.import_module(module))
@@ -285,8 +287,9 @@ class Tau2Env:
     """One tau2-bench task per episode (see the module docstring for the protocol).
 
     Args:
-      user: the user simulator, `(messages: list[dict]) -> str`, or a "module:attr" path to
-        one; None: no user (solo mode where the domain has it, else text gets no answer).
+      user: the user simulator, `(messages: list[dict]) -> str`, a "module:attr" path to
+        one, or the base URL of an OpenAI-compatible endpoint ("http://127.0.0.1:8011/v1",
+        e.g. `launch/serve_chat.py`); None: no user (solo mode where the domain has it, else text gets no answer).
       solo: force solo mode on (True) or off (False); None: solo iff `user` is None and the
         domain supports it.
       max_steps: agent actions per episode (invalid ones included).

@@ -54,7 +54,18 @@ def test_bad_requests_get_400(server):
         assert e.value.code == 400
 
 
-def test_tau2_user_client_talks_to_it(server):
+def test_tau2_user_simulator_is_served_by_our_sampler(server):
+    """A tau2 retail episode whose user is the endpoint (given by URL, as a config would):
+    the user's opening message is our model's greedy reply to tau2's user prompt."""
     tau2 = pytest.importorskip("jaxscaffold.envs.tau2")
     user = tau2.ChatEndpointUser(server.base_url, max_tokens=4, temperature=0.0)
     assert isinstance(user([{"role": "user", "content": "Hi"}]), str)
+    big = ChatServer(server.config, server.params, server.tokenizer, max_len=8192).start()
+    try:
+        env = tau2.Tau2Env(user=big.base_url)
+        before = big._requests
+        obs = env.reset(tau2.catalogue("retail/test")[0])
+        assert big._requests == before + 1 and not obs.privileged["solo"]
+        env.close()
+    finally:
+        big.stop()
