@@ -55,17 +55,22 @@ def get_config() -> ConfigDict:
     c.envs.step_timeout_s = 60.0  # a worker silent this long is restarted; its episodes fail
 
     c.feedback = ConfigDict()
-    c.feedback.schedule = "ag_early_oe_late"  # jaxscaffold.feedback.schedule.make name; "none" = standard
+    c.feedback.schedule = "ag_early_oe_late"  # jaxscaffold.feedback.schedule.make name; "none" = standard; "bandit" = learned (bandit_* below)
     c.feedback.probability = 0.5  # chance a group gets the active feedback
     c.feedback.mode = "group"  # group | rollout | first_half | even (randomisation)
     c.feedback.switch_step = 100  # training step where AG hands over to OE
     c.feedback.ag_form = "paper"  # paper (next gold action) | reference (first 3 gold + [Caution!])
     c.feedback.oe_form = "checklist"  # checklist ([Pass]/[Pending], [k/n done]) | reference (raw progress)
+    c.feedback.bandit_arms = "none,ag_early,ag_late,oe_early,oe_late"  # schedules a "bandit" schedule picks one of per training step
+    c.feedback.bandit_signal = "informative"  # arm reward: informative (share of groups with unequal rewards) | success (mean success)
+    c.feedback.bandit_discount = 0.95  # per-step decay of the arms' Beta posteriors to the prior (follows a drifting best arm)
+    c.feedback.bandit_prior = 1.0  # every arm starts at Beta(prior, prior)
 
     c.eval = ConfigDict()
     c.eval.every = 5  # evaluate every N training steps (0: never)
     c.eval.tasks = 128  # held-out tasks per evaluation (group 1)
     c.eval.max_turns = 30  # environment steps per evaluation episode
+    c.eval.max_len = 0  # context (KV-cache slots) per evaluation episode (0: rollout.max_len)
 
     c.checkpoint = ConfigDict()
     c.checkpoint.every = 10  # save every N steps (and at the end)

@@ -11,14 +11,53 @@ import time
 from tensorboardX import SummaryWriter
 
 
+def keep_steps_until(path: str, step: int) -> None:
+    """Drops the lines of a JSON-lines log whose "step" is beyond `step`: a run resumed from
+    its last checkpoint redoes the steps after it, and a fresh run (step 0) starts empty."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        lines = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+    with open(path, "w") as f:
+        f.writelines(lines)
+
+
+class StepLog:
+    """Per-step records appended to a JSON-lines file, e.g. every feedback enrichment. The
+    first write drops the lines of the steps being (re)done, so a resumed run's file holds each
+    step once. `write=False` (processes other than 0) makes it a no-op."""
+
+    def __init__(self, path: str, *, write: bool = True):
+        self.path, self.enabled, self._started = path, write, False
+
+    def write(self, step: int, records: list[dict]) -> None:
+        if not self.enabled:
+            return
+        if not self._started:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            keep_steps_until(self.path, step - 1)
+            self._started = True
+        with open(self.path, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+
+
 class MetricLogger:
-    def __init__(self, out_dir: str, *, total_steps: int, start: int = 0, stream=sys.stderr):
-        self.out_dir, self.total, self.start = out_dir, total_steps, start
-        self.writer = SummaryWriter(os.path.join(out_dir, "tb"))
-        self.jsonl = open(os.path.join(out_dir, "metrics.jsonl"), "a")
+    """Metrics of each step to tensorboard, `metrics.jsonl` and a console line; `write=False`
+    (processes other than 0 on multi-host) makes it a no-op."""
+
+    def __init__(self, out_dir: str, *, total_steps: int, start: int = 0, stream=sys.stderr, write: bool = True):
+        self.out_dir, self.total, self.start, self.enabled = out_dir, total_steps, start, write
         self.stream, self.t0 = stream, time.perf_counter()
+        if not write:
+            return
+        self.writer = SummaryWriter(os.path.join(out_dir, "tb"))
+        path = os.path.join(out_dir, "metrics.jsonl")
+        keep_steps_until(path, start)  # resumed: the steps after the checkpoint are redone
+        self.jsonl = open(path, "a")
 
     def log(self, step: int, metrics: dict) -> None:
+        if not self.enabled:
+            return
         for k, v in metrics.items():
             if k != "step" and isinstance(v, (int, float)):
                 self.writer.add_scalar(k, v, step)
@@ -29,9 +68,12 @@ class MetricLogger:
         bar = "#" * int(20 * step / max(self.total, 1))
         shown = "  ".join(f"{k.split('/')[-1]} {metrics[k]:.3f}" for k in
                           ("rollout/reward", "rollout/success", "eval/success", "train/entropy") if k in metrics)
-        print(f"\r[{bar:<20}] step {step}/{self.total}  {shown}  eta {eta:.0f}s", file=self.stream, flush=True)
+        arm = f"  arm {metrics['feedback/arm']}" if "feedback/arm" in metrics else ""
+        print(f"\r[{bar:<20}] step {step}/{self.total}  {shown}{arm}  eta {eta:.0f}s", file=self.stream, flush=True)
 
     def close(self, history: list[dict]) -> None:
+        if not self.enabled:
+            return
         self.writer.close()
         self.jsonl.close()
         if history:

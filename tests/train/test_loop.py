@@ -8,12 +8,14 @@ import jax
 import numpy as np
 import pytest
 
-from jaxscaffold.train.loop import train
+from jaxscaffold.train.loop import EnvWorkload, train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def tiny_config(out_dir, **overrides):
+def tiny_config(out_dir, *, real_eval: bool = False, **overrides):
+    """configs/tiny.py made smaller for tests: in-process envs, and (unless `real_eval`) letters
+    instead of the ScienceWorld / BFCL evaluation."""
     spec = importlib.util.spec_from_file_location("tiny", os.path.join(ROOT, "configs", "tiny.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -21,7 +23,8 @@ def tiny_config(out_dir, **overrides):
     cfg.out_dir = str(out_dir)
     cfg.rollout.tasks_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens = 2, 4, 8
     cfg.envs.num_workers = 0
-    cfg.eval.tasks = 4
+    if not real_eval:
+        cfg.envs.eval, cfg.eval.tasks, cfg.eval.max_len = "letters", 4, 0
     for k, v in overrides.items():
         node = cfg
         *path, last = k.split(".")
@@ -32,10 +35,14 @@ def tiny_config(out_dir, **overrides):
 
 
 def test_embedded_default_smoke(tmp_path):
-    out = train(tiny_config(tmp_path, steps=4, **{"eval.every": 2, "checkpoint.every": 2}))
+    """The embedded default, smaller: letters training, and evaluation on letters and real
+    ScienceWorld and BFCL tasks through the env pool, as `bash launch/dev.sh demo` runs it."""
+    out = train(tiny_config(tmp_path, real_eval=True, steps=4, **{"eval.every": 4, "checkpoint.every": 2,
+                                                                 "envs.num_workers": 1}))
     hist = out["history"]
     assert [h["step"] for h in hist] == [1, 2, 3, 4]
-    assert "eval/success" in hist[1] and "eval/success_peak" in hist[3]
+    assert "eval/success_peak" in hist[3] and hist[3]["eval/infra_failures"] == 0
+    assert {"eval/success_letters", "eval/success_sciworld", "eval/success_bfcl"} <= hist[3].keys()
     for key in ("rollout/reward", "train/entropy", "train/clipfrac_upper", "time/rollout_s", "time/train_s"):
         assert all(np.isfinite(h[key]) for h in hist), key
     assert (tmp_path / "curves.png").stat().st_size > 1000
@@ -61,6 +68,36 @@ def test_kl_to_the_frozen_initial_policy(tmp_path):
     hist = train(tiny_config(tmp_path, steps=3, **{"rl.kl_coef": 0.1, "eval.every": 0, "checkpoint.every": 3}))["history"]
     assert abs(hist[0]["train/kl"]) < 1e-6
     assert hist[2]["train/kl"] > 1e-6
+
+
+def test_dapo_dynamic_sampling_trains_only_on_groups_of_mixed_success(tmp_path, monkeypatch):
+    """rl.algorithm=dapo: each step generates batches until `tasks_per_step` groups have mixed
+    binary success; the all-fail / all-success ones are dropped and counted."""
+    from tests.train import toy_envs
+    toy_envs.register(monkeypatch)  # success ~ 1/5 for a random policy: groups of both kinds
+    kept = {}
+
+    class Recording(EnvWorkload):
+        def collect(self, job, params, step):
+            episodes, stats = super().collect(job, params, step)
+            kept[step] = episodes
+            return episodes, stats
+
+    cfg = tiny_config(tmp_path, steps=2, **{"rl.algorithm": "dapo", "envs.train": "coin", "envs.eval": "coin",
+                                           "rollout.max_turns": 3, "rollout.max_len": 256, "eval.every": 0,
+                                           "checkpoint.every": 2})
+    hist = train(cfg, workload=Recording)["history"]
+    tasks, group_size = cfg.rollout.tasks_per_step, cfg.rollout.group_size
+    for h in hist:
+        groups = {}
+        for e in kept[h["step"]]:
+            groups.setdefault(e.group, []).append(e.won)
+        assert len(groups) == tasks and all(len(won) == group_size and len(set(won)) == 2 for won in groups.values())
+        assert h["rollout/generation_batches"] >= 1
+        seen = h["rollout/generation_batches"] * tasks
+        assert seen == tasks + h["rollout/dropped_groups"] + h["rollout/overflow_groups"]
+        assert 0 < h["rollout/success"] < 1 and np.isfinite(h["train/loss"])
+    assert sum(h["rollout/dropped_groups"] for h in hist) >= 1
 
 
 def test_export_reloads_in_transformers_with_equal_logits(tmp_path):
@@ -95,9 +132,10 @@ def test_loop_on_real_sciworld_and_bfcl_through_the_pool(tmp_path):
         assert h["rollout/env_steps"] >= 1 and np.isfinite(h["train/loss"])
         assert h["rollout/feedback_ag"] >= 4  # every episode's first observations got AG
     assert hist[1]["eval/feedback_ag"] == 0 and hist[1]["eval/feedback_oe"] == 0  # the standard env
-    bfcl = tiny_config(tmp_path / "bfcl", steps=1, **{"eval.every": 0, "checkpoint.every": 1, "envs.train": "bfcl",
-                                                     "envs.eval": "bfcl:validation", "envs.num_workers": 1,
-                                                     "rollout.max_turns": 2, "rollout.max_len": 8192,
-                                                     "rollout.tasks_per_step": 1, "rollout.group_size": 2})
+    # BFCL prompts carry the function docs (2.5-4.5k tokens): a train step on such rows, padded
+    # to the 8 test devices, needs tens of GB on CPU, so BFCL runs in the evaluation here.
+    bfcl = tiny_config(tmp_path / "bfcl", steps=1, **{"eval.every": 1, "checkpoint.every": 1,
+                                                     "envs.eval": "bfcl:validation:2", "envs.num_workers": 1,
+                                                     "eval.tasks": 2, "eval.max_turns": 2, "eval.max_len": 4096})
     h = train(bfcl)["history"][0]
-    assert h["rollout/infra_failures"] == 0 and h["rollout/env_steps"] >= 1
+    assert h["eval/infra_failures"] == 0 and h["eval/env_steps"] >= 1 and "eval/success_bfcl" in h

@@ -1,0 +1,69 @@
+"""One process of the multi-host training-loop test (run by test_multihost.py): the tiny config's
+real loop (rollouts with a learned feedback schedule, checkpoints, evaluation) on the toy `coin`
+env, 2 CPU devices in all, split over `num_processes` processes. Writes its history and the
+episodes it ran; process 0 also the final parameters (and the logs)."""
+
+import json
+import os
+import sys
+
+import numpy as np
+
+process_id, num_processes, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={2 // num_processes}"
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax  # noqa: E402
+
+if num_processes > 1:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    os.environ.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(num_processes),
+                      JAX_PROCESS_ID=str(process_id))
+
+from jax.experimental import multihost_utils  # noqa: E402
+
+from tests.train import toy_envs  # noqa: E402
+from tests.train.test_loop import tiny_config  # noqa: E402
+from jaxscaffold.train.loop import EnvWorkload, train  # noqa: E402
+
+toy_envs.register()
+
+ran = []  # (step, group, task id, reward, won) of every episode this process trained on
+
+
+class Recording(EnvWorkload):
+    def collect(self, job, params, step):
+        episodes, stats = super().collect(job, params, step)
+        ran.extend([step, e.group, e.task.task_id, e.reward, e.won] for e in episodes)
+        return episodes, stats
+
+
+# Greedy rollouts in groups of one (advantage = reward): episodes do not depend on the sampling
+# seeds, which derive from an episode's index in its process's batch (see test_multihost.py).
+cfg = tiny_config(os.path.join(out, "run"), steps=2, **{
+    "rollout.tasks_per_step": 4, "rollout.group_size": 1, "rollout.temperature": 0.0,
+    "rollout.max_turns": 3, "rollout.max_len": 256, "envs.train": "coin", "envs.eval": "coin",
+    "feedback.schedule": "bandit", "feedback.bandit_signal": "success",
+    "eval.every": 2, "eval.tasks": 4, "checkpoint.every": 2})
+result = train(cfg, workload=Recording)
+assert jax.process_count() == num_processes and jax.device_count() == 2
+with open(os.path.join(out, f"process{process_id}.json"), "w") as f:
+    json.dump({"history": result["history"], "ran": ran}, f)
+params = jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)), result["state"].params)
+if process_id == 0:
+    np.savez(os.path.join(out, "params.npz"),
+             **{jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(params)[0]})
+
+if num_processes > 1:
+    # DAPO's dynamic sampling on several processes: each fills its share of the groups, all
+    # keep generating (and taking tasks) until every one is full, so the streams stay equal.
+    ran.clear()
+    cfg = tiny_config(os.path.join(out, "dapo"), steps=2, **{
+        "rl.algorithm": "dapo", "rollout.tasks_per_step": 4, "rollout.group_size": 4,
+        "rollout.max_turns": 3, "rollout.max_len": 256, "envs.train": "coin", "envs.eval": "coin",
+        "eval.every": 0, "checkpoint.every": 2})
+    result = train(cfg, workload=Recording)
+    won = {}
+    for step, group, _, _, success in ran:  # the kept episodes' success by group
+        won.setdefault(f"{step}/{group}", []).append(success)
+    with open(os.path.join(out, f"process{process_id}_dapo.json"), "w") as f:
+        json.dump({"history": result["history"], "won": won}, f)
