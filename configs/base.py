@@ -45,6 +45,8 @@ def get_config() -> ConfigDict:
     c.rollout.temperature = 1.0  # sampling temperature in training
     c.rollout.top_p = 1.0  # nucleus sampling in training
     c.rollout.enable_thinking = True  # Qwen3 thinking mode in the generation prompt
+    c.rollout.representation = "trajectory"  # trajectory (one token sequence per episode) | stepwise (the reference code's rows)
+    c.rollout.history_window = 2  # stepwise: (observation, action) steps shown in each rebuilt prompt
 
     c.envs = ConfigDict()
     c.envs.train = "sciworld,bfcl"  # comma-separated env names (jaxscaffold.envs.registry), env:split allowed
@@ -53,6 +55,7 @@ def get_config() -> ConfigDict:
     c.envs.eval_split = "test"  # held-out split
     c.envs.num_workers = 4  # environment worker processes (0: in this process)
     c.envs.step_timeout_s = 60.0  # a worker silent this long is restarted; its episodes fail
+    c.envs.env_kwargs = ""  # JSON {env: {constructor kwarg: value}}, e.g. '{"tau2": {"user": "http://127.0.0.1:8011/v1"}}'
 
     c.feedback = ConfigDict()
     c.feedback.schedule = "ag_early_oe_late"  # jaxscaffold.feedback.schedule.make name; "none" = standard; "bandit" = learned (bandit_* below)

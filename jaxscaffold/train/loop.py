@@ -92,6 +92,33 @@ class TaskStream:
         self._it.set_state(state)
 
 
+def rollout_config(c, max_turns: int) -> RolloutConfig:
+    """The rollout options of `config.rollout` (train and eval differ only in max_turns)."""
+    return RolloutConfig(max_turns=max_turns, max_new_tokens=c.max_new_tokens, enable_thinking=c.enable_thinking,
+                         representation=c.get("representation", "trajectory"),
+                         history_window=c.get("history_window", 2))
+
+
+def env_kwargs(cfg) -> dict[str, dict]:
+    """`config.envs.env_kwargs`: JSON {env name: constructor kwargs}, e.g. tau2's user endpoint."""
+    text = cfg.envs.get("env_kwargs", "") or ""
+    try:
+        out = json.loads(text) if text else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"config.envs.env_kwargs is not JSON ({e}): {text!r}") from e
+    if not isinstance(out, dict) or not all(isinstance(v, dict) for v in out.values()):
+        raise ValueError(f"config.envs.env_kwargs must map env names to kwargs objects: {text!r}")
+    return out
+
+
+def make_envs(cfg, names):
+    """The environments of a run: the process pool (`envs.num_workers` > 0) or in-process."""
+    kwargs = env_kwargs(cfg)
+    if cfg.envs.num_workers > 0:
+        return EnvPool(cfg.envs.num_workers, step_timeout_s=cfg.envs.step_timeout_s, env_kwargs=kwargs)
+    return LocalEnvs({n: registry.factory(n, **kwargs.get(n, {})) for n in names})
+
+
 def env_names(spec: str) -> list[str]:
     """"sciworld,bfcl:validation" -> ["sciworld", "bfcl"]."""
     return [n.split(":")[0].strip() for n in spec.split(",") if n.strip()]
@@ -175,7 +202,7 @@ def episode_summaries(episodes: Sequence[Episode]) -> list[dict]:
         out.append({"group": e.group, "rollout": rollout, "task": e.task.task_id, "env": e.task.env,
                     "failed": e.failure is not None, "reward": float(e.reward), "won": bool(e.won),
                     "steps": e.steps, "truncated": bool(e.truncated),
-                    "response_tokens": int(sum(e.conversation.assistant_mask)),
+                    "response_tokens": int(sum(sum(c.assistant_mask) for c in e.training_rows())),
                     "feedback": [[int(s), k] for s, k in e.feedback]})
     return out
 
@@ -252,10 +279,7 @@ class EnvWorkload:
             raise ValueError(f"rollout.tasks_per_step={cfg.rollout.tasks_per_step} gives some of the "
                              f"{jax.process_count()} processes no group to run")
         names = set(env_names(cfg.envs.train) + env_names(cfg.envs.eval))
-        if cfg.envs.num_workers > 0:
-            self.envs = EnvPool(cfg.envs.num_workers, step_timeout_s=cfg.envs.step_timeout_s)
-        else:
-            self.envs = LocalEnvs({n: registry.factory(n) for n in names})
+        self.envs = make_envs(cfg, names)
         f = cfg.feedback
         self.seed, self.signal, self.bandit = cfg.seed, f.bandit_signal, None
         if f.schedule == "bandit":
@@ -287,8 +311,7 @@ class EnvWorkload:
         task stream is the same on every process) and returns its own episodes, whole groups,
         to train on; the metrics, the feedback log and the bandit see every process's."""
         cfg, c = job.cfg, job.cfg.rollout
-        rcfg = RolloutConfig(max_turns=c.max_turns, max_new_tokens=c.max_new_tokens,
-                             enable_thinking=c.enable_thinking)
+        rcfg = rollout_config(c, c.max_turns)
         schedule = self.schedule_at(step)
         params = _sampler_params(params)
         share = process_share(c.tasks_per_step)
@@ -301,8 +324,9 @@ class EnvWorkload:
             mine = [] if dynamic is not None and dynamic.full() else list(share)
             flat = [tasks[g] for g in mine for _ in range(c.group_size)]
             groups = [g for g in mine for _ in range(c.group_size)]
+            episode_ids = [g * c.group_size + r for g in mine for r in range(c.group_size)]
             episodes = run_episodes(params, job.sampler, self.envs, job.tokenizer, flat, groups, rcfg,
-                                    seed=cfg.seed + 7919 * batch_index, train_step=step,
+                                    seed=cfg.seed + 7919 * batch_index, train_step=step, episode_ids=episode_ids,
                                     schedule=schedule, randomization_mode=cfg.feedback.mode,
                                     num_groups=len(tasks), enrichers=self.enrichers) if flat else []
             for e in episodes:  # groups of different generation batches stay apart
@@ -363,8 +387,7 @@ class EnvWorkload:
         """Greedy, group 1, held-out tasks, the standard environment (no feedback schedule).
         On several processes each runs (and returns) its share of the tasks."""
         c = job.cfg.rollout
-        rcfg = RolloutConfig(max_turns=job.cfg.eval.max_turns, max_new_tokens=c.max_new_tokens,
-                             enable_thinking=c.enable_thinking)
+        rcfg = rollout_config(c, job.cfg.eval.max_turns)
         params = _sampler_params(params)
         tasks = [self.eval_tasks[i] for i in process_share(len(self.eval_tasks))]
         episodes = []
@@ -416,16 +439,18 @@ def train_on(job: Job, state, episodes: list[Episode]):
 
     On several processes `episodes` are this process's (whole groups, so advantages stay
     local); each process feeds its rows and every optimizer step trains on the global batch."""
-    ok = [e for e in episodes if e.failure is None and len(e.conversation)]
+    ok = [e for e in episodes if e.failure is None and e.training_rows()]
     rewards = np.asarray([e.reward for e in ok], np.float64)
     group_ids = np.asarray([e.group for e in ok])
     adv = advantages(rewards, group_ids, **job.algo.advantage_kwargs())
+    # One row per trajectory, or (step-wise) one per model turn sharing its episode's advantage.
+    rows = [(conv, a) for e, a in zip(ok, adv) for conv in e.training_rows()]
     r = job.cfg.rl
     metrics = {}
-    order = np.arange(len(ok))
+    order = np.arange(len(rows))
     for _ in range(r.ppo_epochs):
         for mb in np.array_split(order, r.num_minibatches):
-            batch = process_batch([ok[i].conversation for i in mb], adv[mb], job.row_multiple)
+            batch = process_batch([rows[i][0] for i in mb], np.asarray([rows[i][1] for i in mb]), job.row_multiple)
             if job.mesh is not None:
                 batch = shard_batch(batch, job.mesh)
             state, m = job.train_step(state, batch, *(() if job.ref_params is None else (job.ref_params,)))

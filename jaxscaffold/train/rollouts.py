@@ -117,17 +117,21 @@ class RolloutConfig:
 def run_episodes(params, sampler: Sampler, envs: EnvBatch, tokenizer: Tokenizer, tasks: Sequence[Task],
                  groups: Sequence[int], cfg: RolloutConfig, *, seed: int, train_step: int,
                  schedule: Schedule | None = None, randomization_mode: str = "group",
-                 enrichers: dict[str, Enricher] | None = None, num_groups: int | None = None) -> list[Episode]:
+                 enrichers: dict[str, Enricher] | None = None, num_groups: int | None = None,
+                 episode_ids: Sequence[int] | None = None) -> list[Episode]:
     """Runs one episode per task to the end (all in the sampler's slots at once).
 
     `groups[i]` is the GRPO group of episode i: rollouts of a group share task and seed and,
-    under `randomization_mode="group"`, the same feedback decisions.
+    under `randomization_mode="group"`, the same feedback decisions. `episode_ids[i]`
+    (default i) keys episode i's sampling seeds, so a run split over processes samples the
+    same episodes as one process when each passes the global ids of its share.
     """
     if len(tasks) > sampler.batch_size:
         raise ValueError(f"{len(tasks)} episodes do not fit the sampler's {sampler.batch_size} slots")
     if cfg.representation not in ("trajectory", "stepwise"):
         raise ValueError(f"unknown representation {cfg.representation!r} (trajectory, stepwise)")
     stepwise = cfg.representation == "stepwise"
+    ids = list(range(len(tasks))) if episode_ids is None else list(episode_ids)
     chat = Qwen3ChatRenderer(tokenizer)
     im_end = tokenizer.token_id("<|im_end|>")
     num_groups = num_groups or (max(groups) + 1 if groups else 0)
@@ -180,7 +184,7 @@ def run_episodes(params, sampler: Sampler, envs: EnvBatch, tokenizer: Tokenizer,
         live = [i for i, ep in enumerate(episodes) if not ep.done]
         if not live:
             break
-        seeds = [_seed(seed, train_step, i, turn) for i in live]
+        seeds = [_seed(seed, train_step, ids[i], turn) for i in live]
         gens = mt.generate(params, live, max_new_tokens=cfg.max_new_tokens, seeds=seeds)
         actions = {i: tokenizer.decode([t for t in gens[i].tokens if t not in tokenizer.eos_ids]) for i in live}
         results = envs.step(actions)

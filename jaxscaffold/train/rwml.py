@@ -21,9 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxscaffold.envs import registry
 from jaxscaffold.envs.base import Task
-from jaxscaffold.envs.pool import EnvPool, is_failure
+from jaxscaffold.envs.pool import is_failure
 from jaxscaffold.models.chat import Qwen3ChatRenderer
 from jaxscaffold.models.sharding import shard_batch
 from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_sft_step
@@ -34,7 +33,7 @@ from jaxscaffold.train import loop
 from jaxscaffold.train.batching import build_batch
 from jaxscaffold.train.export import export_checkpoint
 from jaxscaffold.train.logger import MetricLogger
-from jaxscaffold.train.rollouts import Episode, LocalEnvs, RolloutConfig, complete, run_episodes
+from jaxscaffold.train.rollouts import Episode, RolloutConfig, complete, run_episodes
 from jaxscaffold.worldmodel import difficulty, reward as reward_lib, task as task_lib, triples as triples_lib
 from jaxscaffold.worldmodel.embedders import make_embedder
 from jaxscaffold.worldmodel.triples import Triple
@@ -45,13 +44,6 @@ DATA_FILE = "triples.jsonl"  # the prepared data set; a resumed run reads it ins
 
 
 # ----------------------------------------------------------------------------- trajectories
-
-
-def _envs(cfg):
-    names = set(loop.env_names(cfg.envs.train))
-    if cfg.envs.num_workers > 0:
-        return EnvPool(cfg.envs.num_workers, step_timeout_s=cfg.envs.step_timeout_s)
-    return LocalEnvs({n: registry.factory(n) for n in names})
 
 
 def _collect_tasks(cfg) -> list[Task]:
@@ -160,7 +152,7 @@ def prepare_data(job: loop.Job, params, reward_fn) -> WorldModelData:
         train = [t for t, c in zip(triples, cols) if c["split"] == "train" and c["kept"]]
         heldout = [t for t, c in zip(triples, cols) if c["split"] == "heldout"]
         return WorldModelData(train, heldout, {"triples/train": float(len(train))})
-    envs = _envs(cfg)
+    envs = loop.make_envs(cfg, set(loop.env_names(cfg.envs.train)))
     try:
         tasks = _collect_tasks(cfg)
         if w.collect_policy == "model":

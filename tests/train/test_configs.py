@@ -28,7 +28,12 @@ def load(path):
 def test_config_is_consistent(path):
     c = load(path)
     assert c.rl.algorithm in presets.PRESETS
-    schedule.make(c.feedback.schedule)
+    if c.feedback.schedule == "bandit":  # learned: its arms are schedules
+        for arm in c.feedback.bandit_arms.split(","):
+            schedule.make(arm.strip())
+    else:
+        schedule.make(c.feedback.schedule)
+    assert c.rollout.representation in ("trajectory", "stepwise")
     assert c.model.preset == "tiny" or c.model.preset in model_config.PRESETS
     from jaxscaffold.train.loop import env_names
     for name in env_names(c.envs.train) + env_names(c.envs.eval):

@@ -139,3 +139,33 @@ def test_loop_on_real_sciworld_and_bfcl_through_the_pool(tmp_path):
                                                      "eval.tasks": 2, "eval.max_turns": 2, "eval.max_len": 4096})
     h = train(bfcl)["history"][0]
     assert h["eval/infra_failures"] == 0 and h["eval/env_steps"] >= 1 and "eval/success_bfcl" in h
+
+
+def test_stepwise_representation_trains_one_row_per_turn(tmp_path, monkeypatch):
+    """`rollout.representation = "stepwise"`: the loop trains on every model turn's row (the
+    token count covers all rows, more than the last turn alone)."""
+    from tests.train import toy_envs
+    toy_envs.register(monkeypatch)
+    cfg = tiny_config(tmp_path, steps=1, **{"eval.every": 0, "checkpoint.every": 1, "envs.train": "coin",
+                                           "envs.eval": "coin", "rollout.max_turns": 3, "rollout.max_len": 256,
+                                           "rollout.representation": "stepwise", "rollout.history_window": 1})
+    h = train(cfg)["history"][0]
+    assert h["rollout/env_steps"] > 1 and np.isfinite(h["train/loss"])
+    # Every turn's row is trained on: the loss's token count is all rows' response tokens.
+    episodes = cfg.rollout.tasks_per_step * cfg.rollout.group_size
+    assert h["train/tokens"] == pytest.approx(h["rollout/response_tokens"] * episodes)
+    assert h["rollout/response_tokens"] > cfg.rollout.max_new_tokens  # more than one turn's worth
+
+
+def test_env_kwargs_reach_the_envs_and_bad_json_is_a_clear_error(tmp_path):
+    from jaxscaffold.train import loop
+    cfg = tiny_config(tmp_path, **{"envs.env_kwargs": '{"letters": {"win_share": 0.75}}'})
+    envs = loop.make_envs(cfg, {"letters"})
+    from jaxscaffold.envs import registry
+    task = registry.catalogue("letters", "train")[0]
+    envs.reset([task])
+    assert envs.envs[0].win_share == 0.75
+    envs.close()
+    for bad in ("{not json", '["letters"]', '{"letters": 3}'):
+        with pytest.raises(ValueError, match="env_kwargs"):
+            loop.env_kwargs(tiny_config(tmp_path, **{"envs.env_kwargs": bad}))
