@@ -440,7 +440,7 @@ def train_on(job: Job, state, episodes: list[Episode]):
     On several processes `episodes` are this process's (whole groups, so advantages stay
     local); each process feeds its rows and every optimizer step trains on the global batch."""
     ok = [e for e in episodes if e.failure is None and e.training_rows()]
-    rewards = np.asarray([e.reward for e in ok], np.float64)
+    rewards, penalty = shaped_rewards(ok, job.algo, job.cfg.rollout.max_new_tokens)
     group_ids = np.asarray([e.group for e in ok])
     adv = advantages(rewards, group_ids, **job.algo.advantage_kwargs())
     # One row per trajectory, or (step-wise) one per model turn sharing its episode's advantage.
@@ -455,7 +455,34 @@ def train_on(job: Job, state, episodes: list[Episode]):
                 batch = shard_batch(batch, job.mesh)
             state, m = job.train_step(state, batch, *(() if job.ref_params is None else (job.ref_params,)))
             metrics = {k: float(v) for k, v in jax.device_get(m).items()}
+    if job.algo.overlong_buffer:
+        metrics["overlong_penalty"] = float(penalty.mean()) if len(penalty) else 0.0
     return state, {f"train/{k}": v for k, v in metrics.items()}
+
+
+def turn_lengths(conv) -> list[int]:
+    """Tokens of each model turn of a conversation (the runs of its assistant mask)."""
+    out, run = [], 0
+    for m in list(conv.assistant_mask) + [0]:
+        if m:
+            run += 1
+        elif run:
+            out.append(run)
+            run = 0
+    return out
+
+
+def shaped_rewards(episodes: Sequence[Episode], algo, max_new_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """(reward + DAPO's overlong penalty, the penalty) per episode. The penalty counts the
+    longest model turn against the per-turn budget `max_new_tokens` (the length a turn is cut
+    at); the buffer is capped at that budget so short-turn configs keep a valid shaping."""
+    rewards = np.asarray([e.reward for e in episodes], np.float64)
+    if not algo.overlong_buffer:
+        return rewards, np.zeros_like(rewards)
+    longest = [max((n for c in e.training_rows() for n in turn_lengths(c)), default=0) for e in episodes]
+    penalty = dapo.overlong_penalty(longest, max_new_tokens, min(algo.overlong_buffer, max_new_tokens),
+                                    algo.overlong_factor)
+    return rewards + penalty, penalty
 
 
 # ----------------------------------------------------------------------------- the job

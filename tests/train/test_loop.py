@@ -169,3 +169,31 @@ def test_env_kwargs_reach_the_envs_and_bad_json_is_a_clear_error(tmp_path):
     for bad in ("{not json", '["letters"]', '{"letters": 3}'):
         with pytest.raises(ValueError, match="env_kwargs"):
             loop.env_kwargs(tiny_config(tmp_path, **{"envs.env_kwargs": bad}))
+
+
+def test_dapo_overlong_penalty_counts_the_longest_turn():
+    from jaxscaffold.rl.presets import preset
+    from jaxscaffold.rollout.conversation import Conversation
+    from jaxscaffold.train.loop import shaped_rewards, turn_lengths
+    from jaxscaffold.train.rollouts import Episode
+
+    def episode(turns, reward):
+        conv = Conversation()
+        for n in turns:
+            conv.add_context([1, 2, 3])
+            conv.ids += [7] * n
+            conv.assistant_mask += [1] * n
+            conv.logprobs += [0.0] * n
+        return Episode(task=None, group=0, conversation=conv, reward=reward)
+
+    eps = [episode([10, 100], 1.0), episode([600, 20], 1.0), episode([1024], 0.0), episode([5], 0.0)]
+    assert turn_lengths(eps[0].conversation) == [10, 100]
+    dapo = preset("dapo")  # buffer 512 tokens, factor 1
+    shaped, penalty = shaped_rewards(eps, dapo, max_new_tokens=1024)
+    # zero up to 1024 - 512 tokens, then linear to -1 at the budget
+    np.testing.assert_allclose(penalty, [0.0, -(600 - 512) / 512, -1.0, 0.0])
+    np.testing.assert_allclose(shaped, [1.0, 1 - 88 / 512, -1.0, 0.0])
+    plain, none = shaped_rewards(eps, preset("grpo"), max_new_tokens=1024)
+    np.testing.assert_allclose(plain, [1, 1, 0, 0]) and np.testing.assert_allclose(none, 0)
+    _, capped = shaped_rewards(eps, dapo, max_new_tokens=8)  # a budget under the buffer: capped
+    np.testing.assert_allclose(capped, [-1, -1, -1, -(5 - 0) / 8])
