@@ -247,10 +247,10 @@ def _seed(run_seed: int, train_step: int, episode: int, turn: int) -> int:
 
 
 def complete(params, sampler: Sampler, tokenizer: Tokenizer, prompts: Sequence[Sequence[int]], *,
-             max_new_tokens: int, seed: int) -> list[tuple[Conversation, str]]:
+             max_new_tokens: int, seed: int, first_row: int = 0) -> list[tuple[Conversation, str]]:
     """One assistant turn for each prompt (ids from the chat renderer), `sampler.batch_size` at
     a time: (the conversation, token exact, and the turn's text without the stop token).
-    Row i's sampling seed derives from (seed, i), so a row is reproducible on its own."""
+    Row i's sampling seed derives from (seed, first_row + i), so a row is reproducible on its own."""
     out: list[tuple[Conversation, str]] = []
     for start in range(0, len(prompts), sampler.batch_size):
         chunk = prompts[start:start + sampler.batch_size]
@@ -261,7 +261,7 @@ def complete(params, sampler: Sampler, tokenizer: Tokenizer, prompts: Sequence[S
         mt.extend(params, dict(enumerate(chunk)))
         slots = list(range(len(chunk)))
         gens = mt.generate(params, slots, max_new_tokens=max_new_tokens,
-                           seeds=[_seed(seed, 0, start + i, 0) for i in slots])
+                           seeds=[_seed(seed, 0, first_row + start + i, 0) for i in slots])
         for i in slots:
             text = tokenizer.decode([t for t in gens[i].tokens if t not in tokenizer.eos_ids])
             out.append((mt.conversations[i], text))

@@ -230,14 +230,15 @@ def sft_on(job: loop.Job, params, triples: Sequence[Triple], *, steps: int, batc
 
 
 def sample_answers(job: loop.Job, params, triples: Sequence[Triple], *, samples: int, seed: int,
-                   greedy: bool = False) -> list[tuple[Conversation, str]]:
-    """`samples` answers per triple (rows of one triple adjacent)."""
+                   greedy: bool = False, first_row: int = 0) -> list[tuple[Conversation, str]]:
+    """`samples` answers per triple (rows of one triple adjacent; row seeds keyed from
+    `first_row`, so a process's share samples as those rows of the whole batch would)."""
     chat = Qwen3ChatRenderer(job.tokenizer)
     pcfg = _prompt_config(job.cfg)
     prompts = [task_lib.prompt_ids(chat, t, pcfg) for t in triples for _ in range(samples)]
     sampler = job.eval_sampler if greedy else job.sampler
     return complete(params, sampler, job.tokenizer, prompts, max_new_tokens=job.cfg.rollout.max_new_tokens,
-                    seed=seed)
+                    seed=seed, first_row=first_row)
 
 
 def difficulty_filter(job: loop.Job, params, triples: Sequence[Triple], reward_fn):
@@ -327,26 +328,39 @@ class WorldModelWorkload:
         self.reported = False
 
     def collect(self, job: loop.Job, params, step: int) -> tuple[list[Episode], dict]:
+        """This process's share of the step's triples (all of them on one process), each with
+        `group_size` sampled answers; metrics over every process's."""
         c, w = job.cfg.rollout, job.cfg.rwml
-        triples = self.stream.take(c.tasks_per_step)
-        answers = sample_answers(job, params, triples, samples=c.group_size, seed=job.cfg.seed + 7919 * step)
+        everyone = self.stream.take(c.tasks_per_step)  # every process takes them: streams stay equal
+        share = list(loop.process_share(c.tasks_per_step))
+        triples = [everyone[g] for g in share]
+        answers = sample_answers(job, loop._sampler_params(params), triples, samples=c.group_size,
+                                 seed=job.cfg.seed + 7919 * step, first_row=(share[0] if share else 0) * c.group_size)
         targets = [t.next_state for t in triples for _ in range(c.group_size)]
         rewards, distances = self.reward_fn([a for _, a in answers], targets, w.tau_d)
         episodes = []
         for i, ((conv, _), r) in enumerate(zip(answers, rewards)):
-            episodes.append(Episode(_task_of(triples[i // c.group_size]), i // c.group_size, conv,
-                                    reward=float(r), won=bool(r > 0), steps=1, done=True))
-        stats = {**loop.rollout_metrics(episodes, "rollout"), **_distance_metrics(distances, w.tau_d, "rollout")}
+            g = share[i // c.group_size]
+            episodes.append(Episode(_task_of(everyone[g]), g, conv, reward=float(r), won=bool(r > 0),
+                                    steps=1, done=True))
+        distances = np.asarray([d for part in loop.allgather_json([float(x) for x in distances]) for d in part])
+        stats = {**loop.rollout_metrics(episodes, "rollout", across_processes=True),
+                 **_distance_metrics(distances, w.tau_d, "rollout")}
         if not self.reported:  # the data set's figures, once, in the first step's metrics
             stats.update(self.data.stats)
             self.reported = True
         return episodes, stats
 
     def evaluate(self, job: loop.Job, params, step: int) -> dict[str, float]:
+        """Greedy answers on the held-out triples (each process its share), metrics over all."""
         w = job.cfg.rwml
-        heldout = self.data.heldout[: job.cfg.eval.tasks]
-        answers = sample_answers(job, params, heldout, samples=1, seed=job.cfg.seed + 1000, greedy=True)
+        everyone = self.data.heldout[: job.cfg.eval.tasks]
+        heldout = [everyone[i] for i in loop.process_share(len(everyone))]
+        answers = sample_answers(job, loop._sampler_params(params), heldout, samples=1, seed=job.cfg.seed + 1000,
+                                 greedy=True)
         rewards, distances = self.reward_fn([a for _, a in answers], [t.next_state for t in heldout], w.tau_d)
+        parts = loop.allgather_json([[float(r), float(d)] for r, d in zip(rewards, distances)])
+        rewards, distances = np.asarray([x for part in parts for x in part]).reshape(-1, 2).T
         return {"eval/success": float(rewards.mean()), **_distance_metrics(distances, w.tau_d, "eval")}
 
     def get_state(self) -> dict:

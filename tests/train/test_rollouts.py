@@ -96,3 +96,15 @@ def test_stepwise_rows_rebuild_the_prompt_with_a_history_window(params, monkeypa
     traj = run_episodes(params, sampler, LocalEnvs({"coin": CoinEnv}), tok, tasks, list(range(6)),
                         RolloutConfig(max_turns=3, max_new_tokens=6), seed=0, train_step=1)
     assert all(len(e.training_rows()) == 1 for e in traj)
+
+
+def test_complete_rows_keep_their_seeds_when_split(params):
+    """A share of the rows (first_row = its offset) samples exactly those rows of the whole."""
+    tok = QwenOfflineTokenizer()
+    chat = Qwen3ChatRenderer(tok)
+    prompts = [chat.render([{"role": "user", "content": f"q {i}"}], add_generation_prompt=True,
+                           enable_thinking=False) for i in range(4)]
+    sampler = Sampler(CONFIG, batch_size=4, max_len=64, sampling=SamplingConfig(temperature=1.0))
+    whole = complete(params, sampler, tok, prompts, max_new_tokens=6, seed=5)
+    tail = complete(params, sampler, tok, prompts[2:], max_new_tokens=6, seed=5, first_row=2)
+    assert [c.ids for c, _ in tail] == [c.ids for c, _ in whole[2:]]
