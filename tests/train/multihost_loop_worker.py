@@ -9,15 +9,10 @@ import sys
 
 import numpy as np
 
-process_id, num_processes, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={2 // num_processes}"
-os.environ["JAX_PLATFORMS"] = "cpu"
-import jax  # noqa: E402
+from tests.train.multihost_setup import configure  # noqa: E402
 
-if num_processes > 1:
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    os.environ.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(num_processes),
-                      JAX_PROCESS_ID=str(process_id))
+process_id, num_processes, out = configure(total_devices=2)
+import jax  # noqa: E402
 
 from jax.experimental import multihost_utils  # noqa: E402
 

@@ -1,6 +1,5 @@
 """The main job end to end on CPU: the embedded default runs, and resume continues identically."""
 
-import importlib.util
 import json
 import os
 
@@ -9,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxscaffold.train.loop import EnvWorkload, train
+from tests.train.configs import apply_overrides, load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -16,21 +16,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def tiny_config(out_dir, *, real_eval: bool = False, **overrides):
     """configs/tiny.py made smaller for tests: in-process envs, and (unless `real_eval`) letters
     instead of the ScienceWorld / BFCL evaluation."""
-    spec = importlib.util.spec_from_file_location("tiny", os.path.join(ROOT, "configs", "tiny.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cfg = module.get_config()
+    cfg = load_config("tiny")
     cfg.out_dir = str(out_dir)
     cfg.rollout.tasks_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens = 2, 4, 8
     cfg.envs.num_workers = 0
     if not real_eval:
         cfg.envs.eval, cfg.eval.tasks, cfg.eval.max_len = "letters", 4, 0
-    for k, v in overrides.items():
-        node = cfg
-        *path, last = k.split(".")
-        for p in path:
-            node = node[p]
-        node[last] = v
+    apply_overrides(cfg, overrides)
     return cfg
 
 

@@ -38,11 +38,15 @@ def test_the_env_system_prompt_reaches_the_model(params):
     assert ep.observations[0] == first.text
 
 
+def _prompts(tok, n):
+    chat = Qwen3ChatRenderer(tok)
+    return [chat.render([{"role": "user", "content": f"question {i}"}], add_generation_prompt=True,
+                        enable_thinking=False) for i in range(n)]
+
+
 def test_complete_is_reproducible_per_row(params):
     tok = QwenOfflineTokenizer()
-    chat = Qwen3ChatRenderer(tok)
-    prompts = [chat.render([{"role": "user", "content": f"question {i}"}], add_generation_prompt=True,
-                           enable_thinking=False) for i in range(5)]
+    prompts = _prompts(tok, 5)
     sampler = Sampler(CONFIG, batch_size=2, max_len=64, sampling=SamplingConfig(temperature=1.0))
     a = complete(params, sampler, tok, prompts, max_new_tokens=6, seed=3)
     b = complete(params, sampler, tok, prompts, max_new_tokens=6, seed=3)
@@ -101,9 +105,7 @@ def test_stepwise_rows_rebuild_the_prompt_with_a_history_window(params, monkeypa
 def test_complete_rows_keep_their_seeds_when_split(params):
     """A share of the rows (first_row = its offset) samples exactly those rows of the whole."""
     tok = QwenOfflineTokenizer()
-    chat = Qwen3ChatRenderer(tok)
-    prompts = [chat.render([{"role": "user", "content": f"q {i}"}], add_generation_prompt=True,
-                           enable_thinking=False) for i in range(4)]
+    prompts = _prompts(tok, 4)
     sampler = Sampler(CONFIG, batch_size=4, max_len=64, sampling=SamplingConfig(temperature=1.0))
     whole = complete(params, sampler, tok, prompts, max_new_tokens=6, seed=5)
     tail = complete(params, sampler, tok, prompts[2:], max_new_tokens=6, seed=5, first_row=2)

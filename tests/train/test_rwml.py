@@ -3,7 +3,6 @@ difficulty filter and the embedding reward) -> HF export -> stage 2 (task RL fro
 the WM-SFT baseline."""
 
 import hashlib
-import importlib.util
 import json
 import os
 
@@ -11,24 +10,10 @@ import jax
 import numpy as np
 import pytest
 
+from tests.train.configs import load_config  # noqa: E402
 from tests.envs.conftest import alfworld_data, alfworld_tarball  # noqa: F401,E402  (shared fixtures)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytest.importorskip("sentence_transformers")
-
-
-def load_config(name, **overrides):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "configs", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    cfg = module.get_config()
-    for k, v in overrides.items():
-        node = cfg
-        *path, last = k.split(".")
-        for p in path:
-            node = node[p]
-        node[last] = v
-    return cfg
 
 
 def stage1_config(out_dir, **overrides):
