@@ -21,6 +21,7 @@ SUITES = {
     "train": "benchmarks.train",
     "envs": "benchmarks.envs",
     "embed": "benchmarks.embed",
+    "tunix": "benchmarks.tunix_sampler",
 }
 
 

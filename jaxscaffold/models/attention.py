@@ -124,24 +124,49 @@ def attend(impl: str, q_BTHK, k_BSGK, v_BSGK, *, q_segment_BT, kv_segment_BS, q_
 
 
 @functools.partial(jax.named_call, name="cached_attention")
-def cached_attention(q_BTHK, cache_k_BSGK, cache_v_BSGK, k_BTGK, v_BTGK, *, cache_segment_BS, segment_BT):
+def cached_attention(q_BTHK, cache_k_BGSK, cache_v_BGSK, k_BTGK, v_BTGK, *, cache_segment_BS, segment_BT):
     """Attention of new tokens over [cached tokens; new tokens] without concatenating the
     cache: the two score blocks share one softmax. Every valid cache slot precedes the new
-    tokens; among the new (right-padded) tokens attention is causal within a segment."""
+    tokens; among the new (right-padded) tokens attention is causal within a segment. The
+    cache is read as it lies ([B, G, S, K]: batch axes leading, so no transposed copy)."""
     b, t, h, d = q_BTHK.shape
-    g = cache_k_BSGK.shape[2]
-    q = q_BTHK.reshape(b, t, g, h // g, d) * (d ** -0.5)
-    s_old = jnp.einsum("btgrd,bsgd->bgrts", q, cache_k_BSGK, preferred_element_type=_acc(q.dtype))
-    s_new = jnp.einsum("btgrd,bsgd->bgrts", q, k_BTGK, preferred_element_type=_acc(q.dtype))
-    old_ok = (cache_segment_BS != 0)[:, None, :]  # [B, 1, S]
+    g = cache_k_BGSK.shape[1]
+    acc = _acc(q_BTHK.dtype)
+    q = (q_BTHK.reshape(b, t, g, h // g, d) * (d ** -0.5)).transpose(0, 2, 1, 3, 4)  # [B, G, T, R, K]
+    s_old = jnp.einsum("bgtrd,bgsd->bgtrs", q, cache_k_BGSK, preferred_element_type=acc)
+    s_new = jnp.einsum("bgtrd,bsgd->bgtrs", q, k_BTGK, preferred_element_type=acc)
+    old_ok = (cache_segment_BS != 0)[:, None, None, None, :]  # [B, 1, 1, 1, S]
     idx = jnp.arange(t)
     new_ok = attention_mask(segment_BT, segment_BT, jnp.broadcast_to(idx, (b, t)), idx)  # [B, T, T]
-    s_old = jnp.where(old_ok[:, None, None], s_old, _MASKED)
-    s_new = jnp.where(new_ok[:, None, None], s_new, _MASKED)
+    s_old = jnp.where(old_ok, s_old, _MASKED)
+    s_new = jnp.where(new_ok[:, None, :, None, :], s_new, _MASKED)
     m = jnp.maximum(jnp.max(s_old, -1, keepdims=True), jnp.max(s_new, -1, keepdims=True))
     p_old, p_new = jnp.exp(s_old - m), jnp.exp(s_new - m)
     norm = jnp.sum(p_old, -1, keepdims=True) + jnp.sum(p_new, -1, keepdims=True)
-    dt = cache_v_BSGK.dtype
-    out = (jnp.einsum("bgrts,bsgd->btgrd", (p_old / norm).astype(dt), cache_v_BSGK, preferred_element_type=_acc(q.dtype))
-           + jnp.einsum("bgrts,bsgd->btgrd", (p_new / norm).astype(dt), v_BTGK, preferred_element_type=_acc(q.dtype)))
-    return out.reshape(b, t, h, d).astype(q_BTHK.dtype)
+    dt = cache_v_BGSK.dtype
+    out = (jnp.einsum("bgtrs,bgsd->bgtrd", (p_old / norm).astype(dt), cache_v_BGSK, preferred_element_type=acc)
+           + jnp.einsum("bgtrs,bsgd->bgtrd", (p_new / norm).astype(dt), v_BTGK, preferred_element_type=acc))
+    return out.transpose(0, 2, 1, 3, 4).reshape(b, t, h, d).astype(q_BTHK.dtype)
+
+
+def cache_mask(cache_segment_BS, lengths_B, t: int):
+    """mask_BTS of t new tokens (written at slots lengths[b] + i) over a cache buffer that
+    already holds them: every filled slot up to the query's own."""
+    query_slot_BT = lengths_B[:, None] + jnp.arange(t, dtype=lengths_B.dtype)[None]
+    slot_S = jnp.arange(cache_segment_BS.shape[1], dtype=lengths_B.dtype)
+    return (cache_segment_BS != 0)[:, None, :] & (slot_S[None, None, :] <= query_slot_BT[:, :, None])
+
+
+@functools.partial(jax.named_call, name="cache_attention")
+def cache_attention(q_BTHK, k_BGSK, v_BGSK, mask_BTS):
+    """GQA attention of new tokens over a cache buffer [B, G, S, K] that already holds them
+    (read as it lies: batch axes leading, no transposed copy); scores and softmax in f32."""
+    b, t, h, d = q_BTHK.shape
+    g = k_BGSK.shape[1]
+    acc = _acc(q_BTHK.dtype)
+    q = (q_BTHK.reshape(b, t, g, h // g, d) * (d ** -0.5)).transpose(0, 2, 1, 3, 4)  # [B, G, T, R, K]
+    scores = jnp.einsum("bgtrd,bgsd->bgtrs", q, k_BGSK, preferred_element_type=acc)
+    scores = jnp.where(mask_BTS[:, None, :, None, :], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BGSK.dtype)
+    out = jnp.einsum("bgtrs,bgsd->bgtrd", probs, v_BGSK, preferred_element_type=acc)
+    return out.transpose(0, 2, 1, 3, 4).reshape(b, t, h, d).astype(q_BTHK.dtype)

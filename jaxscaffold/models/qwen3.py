@@ -95,23 +95,78 @@ def init_params(config: Qwen3Config, key: jax.Array, mesh=None,
     return jax.jit(make, out_shardings=out_shardings)(key)
 
 
+def is_stacked(params: dict) -> bool:
+    """Whether per-layer weights are stacked on a leading axis (else a tuple of dicts)."""
+    return not isinstance(params["layers"], (tuple, list))
+
+
+_MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def decode_layout(params: dict, config: Qwen3Config, blocks: int = 1) -> dict:
+    """The same weights laid out for fast small-batch decoding on CPU.
+
+    `layers` becomes a tuple of per-layer dicts with q/k/v fused into `qkv` and gate/up into
+    `gate_up`, and every matrix (and the unembedding, as `lm_head`) a tuple of `blocks`
+    blocks of its transpose, [out / blocks, in] each. Why, on
+    XLA:CPU at batch 8 (the ~100M benchmark model): a layer's slice of stacked weights is
+    copied before each matmul (under scan or a static index), doubling the memory traffic;
+    [out, in] weights are read about 1.2x (f32) to 1.8x (bf16) faster than [in, out]; and
+    one small-batch dot runs on one core while independent dots run on different cores, so
+    blocks put every core to work. Forward passes accept either layout.
+    """
+    if not is_stacked(params):
+        return params
+
+    def split(w_OI):
+        if blocks <= 1 or w_OI.shape[0] % blocks:
+            return (w_OI,)
+        return tuple(jnp.split(w_OI, blocks, axis=0))
+
+    stacked = params["layers"]
+    n = jax.tree.leaves(stacked)[0].shape[0]
+    layers = []
+    for i in range(n):
+        layer = {name: w[i] for name, w in stacked.items() if name not in _MATRICES}
+        # Matrices reading the same input are fused (fewer, larger dots: a decode step of a
+        # small model is bound by the number of ops).
+        layer["qkv"] = split(jnp.concatenate([stacked["q"][i], stacked["k"][i], stacked["v"][i]], axis=1).T)
+        layer["gate_up"] = split(jnp.concatenate([stacked["gate"][i], stacked["up"][i]], axis=1).T)
+        layer["o"], layer["down"] = split(stacked["o"][i].T), split(stacked["down"][i].T)
+        layers.append(layer)
+    out = {**params, "layers": tuple(layers)}
+    if not config.is_embedding:
+        out["lm_head"] = split(params["lm_head"].T if config.has_lm_head else params["embed"])
+    return out
+
+
 # ----------------------------------------------------------------------------- KV cache
 
 
 class KVCache(NamedTuple):
     """Per-layer keys/values of earlier tokens. Row b holds `lengths[b]` valid tokens in
-    slots [0, lengths[b]); new tokens are written at slot lengths[b] + t."""
+    slots [0, lengths[b]); new tokens are written at slot lengths[b] + t. Heads come before
+    slots so attention reads the cache as it lies (batch axes leading: no transpose)."""
 
-    k: jax.Array  # [L, B, S, G, K]
-    v: jax.Array  # [L, B, S, G, K]
+    k: jax.Array  # [L, B, G, S, K], or a tuple of L [B, G, S, K] buffers (per_layer)
+    v: jax.Array  # same as k
     segment_ids: jax.Array  # [B, S] int32, 0 = empty / padding slot
     lengths: jax.Array  # [B] int32
 
     @staticmethod
-    def empty(config: Qwen3Config, batch: int, max_len: int, dtype="bfloat16") -> "KVCache":
-        shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    def empty(config: Qwen3Config, batch: int, max_len: int, dtype="bfloat16",
+              per_layer: bool = False) -> "KVCache":
+        """An empty cache; `per_layer` gives k and v as tuples of [B, G, S, K] buffers (the
+        layout that goes with `decode_layout`: each layer's buffer is read and written in
+        place)."""
+        shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
+        if per_layer:
+            k = tuple(jnp.zeros(shape[1:], dtype) for _ in range(shape[0]))
+            v = tuple(jnp.zeros(shape[1:], dtype) for _ in range(shape[0]))
+        else:
+            k, v = jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
         return KVCache(
-            k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+            k=k, v=v,
             segment_ids=jnp.zeros((batch, max_len), jnp.int32),
             lengths=jnp.zeros((batch,), jnp.int32),
         )
@@ -125,13 +180,28 @@ def cache_slots(segment_ids_BT, lengths_B, capacity: int):
     return jnp.where(segment_ids_BT != 0, slots, capacity)
 
 
-def _scatter_rows(buf, new, slots_BT, layers: bool = False):
-    """buf[(:,) b, slots[b, t]] = new[(:,) b, t]; out-of-range slots are dropped, so padding
-    never overwrites a cached token, even in a full row. In place when `buf` is donated."""
+def _scatter_rows(buf_BS, new_BT, slots_BT):
+    """buf[b, slots[b, t]] = new[b, t]; out-of-range slots are dropped, so padding never
+    overwrites a cached token, even in a full row. In place when `buf` is donated."""
     b = jnp.arange(slots_BT.shape[0])[:, None]
-    if layers:  # buf [L, B, S, ...], new [L, B, T, ...]
-        return buf.at[:, b, slots_BT].set(new.astype(buf.dtype), mode="drop")
-    return buf.at[b, slots_BT].set(new.astype(buf.dtype), mode="drop")
+    return buf_BS.at[b, slots_BT].set(new_BT.astype(buf_BS.dtype), mode="drop")
+
+
+def _scatter_kv(buf, new_BTGK, slots_BT):
+    """Writes new keys or values [(L,) B, T, G, K] into a cache buffer [(L,) B, G, S, K].
+
+    16-bit floats are scattered as their bits: XLA:CPU has no bf16 scatter and would convert
+    the whole buffer to f32 and back around it on every decode step."""
+    dtype = buf.dtype
+    new = new_BTGK.astype(dtype)
+    if buf.ndim == 5:  # stacked layers; advanced indices (b, slots) lead the indexed shape
+        new = jnp.moveaxis(new, 0, 2)
+    if dtype.itemsize == 2:
+        buf, new = lax.bitcast_convert_type(buf, jnp.uint16), lax.bitcast_convert_type(new, jnp.uint16)
+    b = jnp.arange(slots_BT.shape[0])[:, None]
+    index = (slice(None), b, slice(None), slots_BT) if buf.ndim == 5 else (b, slice(None), slots_BT)
+    out = buf.at[index].set(new, mode="drop")
+    return lax.bitcast_convert_type(out, dtype) if dtype.itemsize == 2 else out
 
 
 # ----------------------------------------------------------------------------- layers
@@ -165,38 +235,48 @@ def apply_rope(x_BTHK, cos_BTK, sin_BTK):
     return out.astype(x_BTHK.dtype)
 
 
+def _matmul(x, w, dtype):
+    """x @ w with inputs in `dtype`, accumulated and returned in (at least) f32. `w` is
+    [in, out], or a tuple of [out_block, in] blocks of its transpose (`decode_layout`)."""
+    acc = _acc(dtype)
+    if isinstance(w, tuple):
+        parts = [jnp.einsum("...d,fd->...f", x.astype(dtype), block.astype(dtype), preferred_element_type=acc)
+                 for block in w]
+        return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
+    return jnp.einsum("...d,df->...f", x.astype(dtype), w.astype(dtype), preferred_element_type=acc)
+
+
 def _dot(x, w, dtype):
     """x @ w in `dtype` with f32 accumulation (several times faster than pure bf16 on CPU)."""
-    y = jnp.einsum("...d,df->...f", x.astype(dtype), w.astype(dtype),
-                   preferred_element_type=_acc(dtype))
-    return y.astype(dtype)
+    return _matmul(x, w, dtype).astype(dtype)
 
 
-def _decoder_layer(config: Qwen3Config, impl: str, x_BTD, lp, cos, sin, mask_args, cache_kv):
-    """One pre-norm decoder block.
-
-    `cache_kv` is None or this layer's cached (k_BSGK, v_BSGK), read only: attention runs
-    over the cache and the new tokens in two parts (`attention.cached_attention`), and the
-    new tokens' (k, v) are returned for the caller to write into the cache once, so the
-    cache is never copied."""
+def _decoder_layer(config: Qwen3Config, x_BTD, lp, cos, sin, attend):
+    """One pre-norm decoder block. `attend(q, k, v) -> (attn, kv_out)` is the attention of
+    the caller's setting (no cache, a read-only stacked cache, or a per-layer cache that it
+    writes first) and `kv_out` what that setting hands back."""
     c, dt = config, jnp.dtype(config.compute_dtype)
     b, t, _ = x_BTD.shape
     h = rms_norm(x_BTD, lp["attn_norm"], c.rms_norm_eps)
-    q = _dot(h, lp["q"], dt).reshape(b, t, c.num_heads, c.head_dim)
-    k = _dot(h, lp["k"], dt).reshape(b, t, c.num_kv_heads, c.head_dim)
-    v = _dot(h, lp["v"], dt).reshape(b, t, c.num_kv_heads, c.head_dim)
+    if "qkv" in lp:  # decode_layout
+        q, k, v = jnp.split(_dot(h, lp["qkv"], dt), [c.q_dim, c.q_dim + c.kv_dim], axis=-1)
+    else:
+        q, k, v = _dot(h, lp["q"], dt), _dot(h, lp["k"], dt), _dot(h, lp["v"], dt)
+    q = q.reshape(b, t, c.num_heads, c.head_dim)
+    k = k.reshape(b, t, c.num_kv_heads, c.head_dim)
+    v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
     q = apply_rope(rms_norm(q, lp["q_norm"], c.rms_norm_eps), cos, sin)
     k = apply_rope(rms_norm(k, lp["k_norm"], c.rms_norm_eps), cos, sin)
-    if cache_kv is None:
-        attn = attention.attend(impl, q, k, v, **mask_args)
-    else:
-        cache_k, cache_v = cache_kv
-        attn = attention.cached_attention(q, cache_k.astype(dt), cache_v.astype(dt), k, v, **mask_args)
+    attn, kv_out = attend(q, k, v)
     x_BTD = x_BTD + _dot(attn.reshape(b, t, c.q_dim), lp["o"], dt)
     h = rms_norm(x_BTD, lp["mlp_norm"], c.rms_norm_eps)
-    mlp = jax.nn.silu(_dot(h, lp["gate"], dt)) * _dot(h, lp["up"], dt)
+    if "gate_up" in lp:
+        gate, up = jnp.split(_dot(h, lp["gate_up"], dt), 2, axis=-1)
+    else:
+        gate, up = _dot(h, lp["gate"], dt), _dot(h, lp["up"], dt)
+    mlp = jax.nn.silu(gate) * up
     x_BTD = x_BTD + _dot(mlp, lp["down"], dt)
-    return x_BTD, (k, v)
+    return x_BTD, kv_out
 
 
 _REMAT_POLICIES = {
@@ -238,53 +318,72 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
     if segment_ids_BT is None:
         segment_ids_BT = jnp.ones((b, t), jnp.int32)
     segment_ids_BT = segment_ids_BT.astype(jnp.int32)
+    impl = attention.resolve_impl(c.attention_impl, c.compute_dtype)
+    per_layer_cache = cache is not None and isinstance(cache.k, tuple)
     if cache is None:
         if positions_BT is None:
             positions_BT = segment_positions(segment_ids_BT)
         index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         mask_args = dict(q_segment_BT=segment_ids_BT, kv_segment_BS=segment_ids_BT,
                          q_index_BT=index, kv_index_S=jnp.arange(t, dtype=jnp.int32))
+
+        def attend(q, k, v, cache_kv):
+            return attention.attend(impl, q, k, v, **mask_args), None
     else:
         if positions_BT is None:
             positions_BT = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
-        mask_args = dict(cache_segment_BS=cache.segment_ids, segment_BT=segment_ids_BT)
+        slots = cache_slots(segment_ids_BT, cache.lengths, cache.segment_ids.shape[1])
+        segments = _scatter_rows(cache.segment_ids, segment_ids_BT, slots)
+        lengths = cache.lengths + jnp.sum(segment_ids_BT != 0, axis=1).astype(jnp.int32)
+        if per_layer_cache:
+            # Write first, then attend over the buffer as it now is: the buffer flows from
+            # input to output through one in-place scatter, so XLA need not copy it.
+            mask = attention.cache_mask(segments, cache.lengths, t)
 
-    impl = attention.resolve_impl(c.attention_impl, c.compute_dtype)
+            def attend(q, k, v, cache_kv):
+                ck, cv = (_scatter_kv(buf, new, slots) for buf, new in zip(cache_kv, (k, v)))
+                return attention.cache_attention(q, ck.astype(dt), cv.astype(dt), mask), (ck, cv)
+        else:
+            # Stacked: the cache is read only here and written once after all layers (a
+            # scan writing it per layer would copy the whole cache every call).
+            def attend(q, k, v, cache_kv):
+                ck, cv = cache_kv
+                return attention.cached_attention(q, ck.astype(dt), cv.astype(dt), k, v,
+                                                  cache_segment_BS=cache.segment_ids,
+                                                  segment_BT=segment_ids_BT), (k, v)
+
     cos, sin = rope_tables(positions_BT, c.head_dim, c.rope_theta)
     x = jnp.take(params["embed"], tokens_BT, axis=0).astype(dt)
 
     def layer(x, xs):
         lp, cache_kv = xs
-        x, new_kv = _decoder_layer(c, impl, x, lp, cos, sin, mask_args, cache_kv)
-        return x, (new_kv if cache is not None else None)
+        return _decoder_layer(c, x, lp, cos, sin, lambda q, k, v: attend(q, k, v, cache_kv))
 
     if c.remat_policy != "none":
         layer = jax.checkpoint(layer, policy=_REMAT_POLICIES[c.remat_policy])
 
-    cache_kv = None if cache is None else (cache.k, cache.v)
-    if c.scan_layers:
-        x, new_kv = lax.scan(layer, x, (params["layers"], cache_kv))
+    layers = params["layers"]
+    if is_stacked(params) and c.scan_layers and not per_layer_cache:
+        x, kv_out = lax.scan(layer, x, (layers, None if cache is None else (cache.k, cache.v)))
     else:
-        # Unrolled: XLA may schedule across layers, but on CPU the static slices of the
-        # stacked weights are copied (about 3x a decode step's memory traffic): prefer scan.
+        # Unrolled. With stacked weights the static slices are copies on CPU (about 3x a
+        # decode step's memory traffic): `decode_layout` weights avoid them.
         outs = []
         for i in range(c.num_layers):
-            x, out = layer(x, jax.tree.map(lambda a: a[i], (params["layers"], cache_kv)))
+            lp = layers[i] if not is_stacked(params) else jax.tree.map(lambda a: a[i], layers)
+            x, out = layer(x, (lp, None if cache is None else (cache.k[i], cache.v[i])))
             outs.append(out)
-        new_kv = None if cache is None else jax.tree.map(lambda *a: jnp.stack(a), *outs)
+        kv_out = None if cache is None else (
+            tuple(zip(*outs)) if per_layer_cache else jax.tree.map(lambda *a: jnp.stack(a), *outs))
 
     h = rms_norm(x, params["final_norm"], c.rms_norm_eps)
     if cache is None:
         return h
-    # Write every layer's new keys/values in one scatter; padding and overflow are dropped.
-    slots = cache_slots(segment_ids_BT, cache.lengths, cache.segment_ids.shape[1])
-    added = jnp.sum(segment_ids_BT != 0, axis=1).astype(jnp.int32)
-    new_cache = KVCache(
-        k=_scatter_rows(cache.k, new_kv[0], slots, layers=True),
-        v=_scatter_rows(cache.v, new_kv[1], slots, layers=True),
-        segment_ids=_scatter_rows(cache.segment_ids, segment_ids_BT, slots),
-        lengths=cache.lengths + added)
-    return h, new_cache
+    if per_layer_cache:
+        k, v = kv_out  # the written buffers
+    else:  # every layer's new keys/values in one scatter; padding and overflow are dropped
+        k, v = _scatter_kv(cache.k, kv_out[0], slots), _scatter_kv(cache.v, kv_out[1], slots)
+    return h, KVCache(k=k, v=v, segment_ids=segments, lengths=lengths)
 
 
 def unembed(params: dict, config: Qwen3Config, h_BTD):
@@ -292,6 +391,8 @@ def unembed(params: dict, config: Qwen3Config, h_BTD):
     if config.is_embedding:
         raise ValueError("an embedding model (is_embedding=True) has no language-model head")
     dt = jnp.dtype(config.compute_dtype)
+    if isinstance(params.get("lm_head"), tuple):  # decode_layout's blocks, tied or not
+        return _matmul(h_BTD, params["lm_head"], dt)
     if config.tie_word_embeddings:
         w = params["embed"]
         return jnp.einsum("btd,vd->btv", h_BTD.astype(dt), w.astype(dt),

@@ -39,6 +39,7 @@ class ChatServer:
         self.chat = Qwen3ChatRenderer(tokenizer)
         self.max_len, self.enable_thinking, self.model_name = max_len, enable_thinking, model_name
         self._samplers: dict[float, Sampler] = {}
+        self._prepared = None  # the parameters in the samplers' decode layout, made on first use
         self._lock = threading.Lock()  # one request at a time on the one model
         self._requests = 0
         self.httpd = ThreadingHTTPServer((host, port), _handler(self))
@@ -92,9 +93,11 @@ class ChatServer:
         with self._lock:
             self._requests += 1
             sampler = self._sampler(temperature, float(request.get("top_p", 1.0)))
+            if self._prepared is None:  # every sampler here has the same layout: one copy serves all
+                self._prepared = sampler.prepare(self.params)
             mt = MultiTurn(sampler)
-            mt.extend(self.params, {0: ids})
-            gen = mt.generate(self.params, [0], max_new_tokens=max_tokens,
+            mt.extend(self._prepared, {0: ids})
+            gen = mt.generate(self._prepared, [0], max_new_tokens=max_tokens,
                               seeds=[int(request.get("seed", self._requests))])[0]
         tokens = [int(t) for t in gen.tokens if t not in self.tokenizer.eos_ids]
         text = _THINK.sub("", self.tokenizer.decode(tokens)).strip()

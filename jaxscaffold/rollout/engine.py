@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import os
 from typing import Mapping, Sequence
 
 import jax
@@ -84,13 +85,23 @@ class Sampler:
       cache_dtype: KV cache dtype (bf16 halves cache memory and bandwidth).
       mesh, rules: shard the cache (rows over the batch axes, kv heads over `tensor`);
         parameters keep the shardings they were placed with.
+      layout: "per_layer" runs the layers unrolled over per-layer weights and cache buffers
+        (`qwen3.decode_layout`), which XLA:CPU reads in place; "stacked" scans the stacked
+        ones (the compact program TPUs and GPUs prefer). "auto": per_layer on CPU.
+      column_blocks: per_layer only: matrices split into this many blocks so each of a
+        CPU's cores runs one (default: the core count, at most 4, on an unsharded CPU
+        sampler; else 1).
+
+    Parameters: pass `prepare(params)` (once per parameter update); stacked parameters
+    also work, converted inside every call (a copy of the weights each time).
     """
 
     def __init__(self, config: Qwen3Config, *, batch_size: int, max_len: int,
                  sampling: SamplingConfig = SamplingConfig(), stop_ids: Sequence[int] = DEFAULT_STOP_IDS,
                  cache_dtype: str = "bfloat16", mesh=None, rules: ShardingRules = DEFAULT_RULES,
                  prefill_buckets: Sequence[int] | None = None,
-                 decode_buckets: Sequence[int] | None = None):
+                 decode_buckets: Sequence[int] | None = None,
+                 layout: str = "auto", column_blocks: int | None = None):
         if config.is_embedding:
             raise ValueError("an embedding model cannot generate")
         self.config, self.batch_size, self.max_len = config, batch_size, max_len
@@ -99,7 +110,17 @@ class Sampler:
         self.prefill_buckets = tuple(prefill_buckets or _powers_of_two(16, max_len))
         self.decode_buckets = tuple(decode_buckets or _powers_of_two(16, max_len))
         self.mesh, self.rules = mesh, rules
+        cpu = jax.default_backend() == "cpu"
+        if layout == "auto":
+            layout = "per_layer" if cpu else "stacked"
+        if layout not in ("per_layer", "stacked"):
+            raise ValueError(f"unknown sampler layout {layout!r} (per_layer, stacked, auto)")
+        self.layout = layout
+        if column_blocks is None:
+            column_blocks = min(os.cpu_count() or 1, 4) if cpu and mesh is None else 1
+        self.column_blocks = column_blocks if layout == "per_layer" else 1
         self.num_traces = 0  # how many programs were traced (= compiled), for tests
+        self._prepare = jax.jit(self._weights)
         self._prefill = jax.jit(self._prefill_fn, donate_argnums=(1,), out_shardings=self._state_shardings())
         self._decode = jax.jit(self._decode_fn, static_argnums=(5,), donate_argnums=(1,),
                                out_shardings=(self._state_shardings(), None))
@@ -110,7 +131,10 @@ class Sampler:
         if self.mesh is None:
             return None
         r, m = self.rules, self.mesh
-        kv = r.sharding(m, ("layers", "batch", "cache_seq", "cache_heads", "head_dim"))
+        if self.layout == "per_layer":
+            kv = (r.sharding(m, ("batch", "cache_heads", "cache_seq", "head_dim")),) * self.config.num_layers
+        else:
+            kv = r.sharding(m, ("layers", "batch", "cache_heads", "cache_seq", "head_dim"))
         cache = qwen3.KVCache(k=kv, v=kv, segment_ids=r.sharding(m, ("batch", "cache_seq")),
                               lengths=r.sharding(m, ("batch",)))
         return SamplerState(cache=cache, logits_BV=r.sharding(m, ("batch", "vocab")))
@@ -119,7 +143,8 @@ class Sampler:
         """All slots empty."""
         c = self.config
         state = SamplerState(
-            cache=qwen3.KVCache.empty(c, self.batch_size, self.max_len, self.cache_dtype),
+            cache=qwen3.KVCache.empty(c, self.batch_size, self.max_len, self.cache_dtype,
+                                      per_layer=self.layout == "per_layer"),
             logits_BV=jnp.zeros((self.batch_size, c.vocab_size), jnp.float32))
         shardings = self._state_shardings()
         return state if shardings is None else jax.device_put(state, shardings)
@@ -136,11 +161,25 @@ class Sampler:
                                segment_ids=cache.segment_ids.at[idx].set(0))
         return SamplerState(cache=cache, logits_BV=state.logits_BV)
 
+    def _weights(self, params):
+        """The parameters in this sampler's layout (a no-op on `prepare`d ones)."""
+        if self.layout == "per_layer":
+            return qwen3.decode_layout(params, self.config, self.column_blocks)
+        return params
+
+    def prepare(self, params):
+        """The parameters in the layout this sampler decodes with: what to pass to `extend`
+        and `generate` (made once per parameter update; the stacked ones are not changed)."""
+        if self.layout == "stacked" or not qwen3.is_stacked(params):
+            return params
+        return self._prepare(params)
+
     # ---------------------------------------------------------------- prefill
 
     def _prefill_fn(self, params, state: SamplerState, tokens_BT, segments_BT):
         self.num_traces += 1
         c = self.config
+        params = self._weights(params)
         h, cache = qwen3.hidden_states(params, c, tokens_BT, segment_ids_BT=segments_BT, cache=state.cache)
         n = jnp.sum(segments_BT != 0, axis=1)
         last = jnp.take_along_axis(h, jnp.maximum(n - 1, 0)[:, None, None], axis=1)
@@ -179,6 +218,7 @@ class Sampler:
     def _decode_fn(self, params, state: SamplerState, seeds_B, active_B, max_new_B, steps: int):
         self.num_traces += 1
         c, b = self.config, self.batch_size
+        params = self._weights(params)
         stop_ids = jnp.asarray(self.stop_ids)
         base_keys = jax.vmap(jax.random.key)(seeds_B)
 

@@ -33,6 +33,32 @@ class SamplingConfig:
 GREEDY = SamplingConfig(temperature=0.0)
 
 
+def _top_p_threshold(probs_BV, top_p: float):
+    """The smallest probability kept by nucleus sampling, per row, without sorting.
+
+    Token j is kept iff the mass of the tokens strictly more likely than it is below top_p
+    (the smallest prefix of the sorted distribution whose mass reaches top_p, ties at its
+    edge included). That mass only falls as p_j grows, so the kept set is {p_j >= x*} for
+    the smallest x* with mass(> x*) < top_p; non-negative floats order like their bit
+    patterns, so 31 steps of bisection over the bits find x* exactly. (A sort of the
+    vocabulary costs far more on CPU: about 50 ms per decode step at V = 32000.)"""
+    bits_BV = jax.lax.bitcast_convert_type(probs_BV, jnp.int32)
+
+    def mass_above(x_B):
+        return jnp.sum(jnp.where(bits_BV > x_B[:, None], probs_BV, 0.0), axis=-1)
+
+    def step(_, bounds):  # invariant: mass_above(hi) < top_p <= mass_above(lo - 1)
+        lo, hi = bounds
+        mid = lo + (hi - lo) // 2
+        below = mass_above(mid) < top_p
+        return jnp.where(below, lo, mid + 1), jnp.where(below, mid, hi)
+
+    b = probs_BV.shape[0]
+    lo, hi = jnp.zeros((b,), jnp.int32), jnp.max(bits_BV, axis=-1)
+    _, x = jax.lax.fori_loop(0, 31, step, (lo, hi))
+    return jax.lax.bitcast_convert_type(x, jnp.float32)
+
+
 def sampling_logits(logits_BV, cfg: SamplingConfig):
     """The logits of the distribution actually sampled from (-inf outside top-k / top-p)."""
     scaled = logits_BV.astype(jnp.float32) / cfg.temperature
@@ -40,14 +66,35 @@ def sampling_logits(logits_BV, cfg: SamplingConfig):
         kth = jax.lax.top_k(scaled, cfg.top_k)[0][:, -1:]
         scaled = jnp.where(scaled < kth, -jnp.inf, scaled)
     if cfg.top_p < 1.0:
-        desc = -jnp.sort(-scaled, axis=-1)
-        probs = jax.nn.softmax(desc, axis=-1)
-        mass_before = jnp.cumsum(probs, axis=-1) - probs
-        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-        keep = mass_before < cfg.top_p
-        threshold = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
-        scaled = jnp.where(scaled < threshold, -jnp.inf, scaled)
+        probs = jax.nn.softmax(scaled, axis=-1)
+        threshold = _top_p_threshold(probs, cfg.top_p)
+        scaled = jnp.where(probs < threshold[:, None], -jnp.inf, scaled)
     return scaled
+
+
+_BLOCK = 1024  # inverse-CDF blocks: a cumsum over V / 1024 block sums, then within one block
+
+
+def _inverse_cdf(probs_BV, u_B):
+    """Index drawn from each row's (unnormalised) probabilities given a uniform u in [0, 1):
+    the first j whose cumulative mass exceeds u * total, found in two levels (block, then
+    within the block) so no full-vocabulary cumsum is needed. One random number per row
+    instead of Gumbel noise over the whole vocabulary (about 5x cheaper on CPU at V = 32000)."""
+    b, v = probs_BV.shape
+    n = -(-v // _BLOCK)
+    blocks_BNC = jnp.pad(probs_BV, ((0, 0), (0, n * _BLOCK - v))).reshape(b, n, _BLOCK)
+    sums_BN = jnp.sum(blocks_BNC, axis=-1)
+    csum_BN = jnp.cumsum(sums_BN, axis=-1)
+    target_B = u_B * csum_BN[:, -1]
+    # Never land on an empty block or token through rounding at the top end: cap at the last
+    # one with mass.
+    last_block = jnp.max(jnp.where(sums_BN > 0, jnp.arange(n), 0), axis=-1)
+    i_B = jnp.minimum(jnp.sum(csum_BN <= target_B[:, None], axis=-1), last_block)
+    before_B = jnp.take_along_axis(csum_BN - sums_BN, i_B[:, None], axis=-1)[:, 0]
+    row_BC = jnp.take_along_axis(blocks_BNC, i_B[:, None, None], axis=1)[:, 0]
+    last_token = jnp.max(jnp.where(row_BC > 0, jnp.arange(_BLOCK), 0), axis=-1)
+    j_B = jnp.minimum(jnp.sum(jnp.cumsum(row_BC, axis=-1) <= (target_B - before_B)[:, None], axis=-1), last_token)
+    return (i_B * _BLOCK + j_B).astype(jnp.int32)
 
 
 def sample(logits_BV, keys_B, cfg: SamplingConfig):
@@ -58,7 +105,9 @@ def sample(logits_BV, keys_B, cfg: SamplingConfig):
         token = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
         sampled_logp = jnp.zeros(token.shape, jnp.float32)  # a point mass: log 1
     else:
-        scaled = sampling_logits(logits_BV, cfg)
-        token = jax.vmap(jax.random.categorical)(keys_B, scaled).astype(jnp.int32)
-        sampled_logp = jnp.take_along_axis(jax.nn.log_softmax(scaled, -1), token[:, None], -1)[:, 0]
+        plain = cfg.temperature == 1.0 and cfg.top_k == 0 and cfg.top_p == 1.0
+        sampled_logp_BV = policy_logp if plain else jax.nn.log_softmax(sampling_logits(logits_BV, cfg), -1)
+        u = jax.vmap(jax.random.uniform)(keys_B)
+        token = _inverse_cdf(jnp.exp(sampled_logp_BV), u)
+        sampled_logp = jnp.take_along_axis(sampled_logp_BV, token[:, None], -1)[:, 0]
     return token, jnp.take_along_axis(policy_logp, token[:, None], -1)[:, 0], sampled_logp

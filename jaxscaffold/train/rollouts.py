@@ -131,6 +131,7 @@ def run_episodes(params, sampler: Sampler, envs: EnvBatch, tokenizer: Tokenizer,
     if cfg.representation not in ("trajectory", "stepwise"):
         raise ValueError(f"unknown representation {cfg.representation!r} (trajectory, stepwise)")
     stepwise = cfg.representation == "stepwise"
+    params = sampler.prepare(params)  # once: the layout the sampler decodes with
     ids = list(range(len(tasks))) if episode_ids is None else list(episode_ids)
     chat = Qwen3ChatRenderer(tokenizer)
     im_end = tokenizer.token_id("<|im_end|>")
@@ -252,6 +253,7 @@ def complete(params, sampler: Sampler, tokenizer: Tokenizer, prompts: Sequence[S
     a time: (the conversation, token exact, and the turn's text without the stop token).
     Row i's sampling seed derives from (seed, first_row + i), so a row is reproducible on its own."""
     out: list[tuple[Conversation, str]] = []
+    params = sampler.prepare(params)  # once: the layout the sampler decodes with
     for start in range(0, len(prompts), sampler.batch_size):
         chunk = prompts[start:start + sampler.batch_size]
         for p in chunk:

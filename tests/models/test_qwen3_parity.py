@@ -138,19 +138,25 @@ def test_splash_attention_interpret_mode_matches_xla():
     np.testing.assert_allclose(np.asarray(out)[0, real], np.asarray(ref)[0, real], atol=2e-5)
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
-def test_kv_cache_prefill_then_steps_equals_full_forward(tmp_path, scan_layers):
+@pytest.mark.parametrize("layout", ["scan", "unrolled", "decode", "decode-stacked-cache"])
+def test_kv_cache_prefill_then_steps_equals_full_forward(tmp_path, layout):
     """Right-padded prompts of mixed lengths, prefilled into a cache, then fed one token at a
-    time: every step's logits equal the full forward of the whole sequence."""
+    time: every step's logits equal the full forward of the whole sequence, in every layout
+    (stacked weights scanned or unrolled; `decode_layout` weights in 2 blocks with per-layer
+    cache buffers, or with a stacked cache)."""
     model, config, params = _load(tmp_path, heads=4, kv_heads=2)
-    config = config.replace(scan_layers=scan_layers)
+    config = config.replace(scan_layers=layout == "scan")
+    per_layer = layout == "decode"
+    if layout.startswith("decode"):
+        params = qwen3.decode_layout(params, config, blocks=2)
+        assert len(params["layers"][0]["gate_up"]) == 2 and len(params["lm_head"]) == 2
     rng = np.random.RandomState(5)
     lengths, total, steps = [6, 2, 4], 6, 4
     full = rng.randint(0, config.vocab_size, (3, total + steps)).astype(np.int32)
     prompt, mask = np.zeros((3, total), np.int32), np.zeros((3, total), np.int32)
     for b, n in enumerate(lengths):
         prompt[b, :n], mask[b, :n] = full[b, :n], 1
-    cache = qwen3.KVCache.empty(config, 3, 16, dtype="float32")
+    cache = qwen3.KVCache.empty(config, 3, 16, dtype="float32", per_layer=per_layer)
     step = jax.jit(qwen3.forward, static_argnums=1)
     logits, cache = step(params, config, jnp.asarray(prompt), segment_ids_BT=jnp.asarray(mask), cache=cache)
     np.testing.assert_array_equal(np.asarray(cache.lengths), lengths)
@@ -162,3 +168,38 @@ def test_kv_cache_prefill_then_steps_equals_full_forward(tmp_path, scan_layers):
         for b, n in enumerate(lengths):
             ref = hf_logits(model, full[b:b + 1, :n + s + 1])[0, -1]
             _assert_close(np.asarray(logits)[b, 0], ref)
+
+
+def test_decode_layout_forward_equals_stacked(tmp_path):
+    """Without a cache too, `decode_layout` weights (tied and untied heads) give the stacked
+    weights' logits."""
+    for tie in (True, False):
+        model, config, params = _load(tmp_path / str(tie), tied=tie)
+        tokens = jnp.asarray(np.random.RandomState(0).randint(0, config.vocab_size, (2, 7)), jnp.int32)
+        ref = qwen3.forward(params, config, tokens)
+        for blocks in (1, 2, 4):
+            out = qwen3.forward(qwen3.decode_layout(params, config, blocks), config, tokens)
+            np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5)
+
+
+@pytest.mark.parametrize("per_layer", [False, True])
+def test_bf16_cache_holds_the_rounded_keys_and_values(tmp_path, per_layer):
+    """The 16-bit cache is written as raw bits (XLA:CPU has no bf16 scatter): layer 0's
+    cached keys/values (computed before any attention) are exactly the f32 cache's rounded
+    to bf16, at the written slots, and the empty slots stay zero."""
+    _, config, params = _load(tmp_path, heads=4, kv_heads=2)
+    if per_layer:
+        params = qwen3.decode_layout(params, config)
+    tokens = jnp.asarray(np.random.RandomState(1).randint(0, config.vocab_size, (2, 5)), jnp.int32)
+    seg = jnp.asarray([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], jnp.int32)
+    step = jax.jit(qwen3.forward, static_argnums=1)
+    caches = {}
+    for dtype in ("float32", "bfloat16"):
+        empty = qwen3.KVCache.empty(config, 2, 8, dtype=dtype, per_layer=per_layer)
+        caches[dtype] = step(params, config, tokens, segment_ids_BT=seg, cache=empty)[1]
+    for name in ("k", "v"):
+        ref = np.asarray(getattr(caches["float32"], name)[0])  # layer 0: [B, G, S, K]
+        got = np.asarray(getattr(caches["bfloat16"], name)[0])
+        assert got.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(got.astype(np.float32), ref.astype(jnp.bfloat16).astype(np.float32))
+        assert np.all(got[0, :, 5:] == 0) and np.all(got[1, :, 2:] == 0) and np.any(got[1, :, :2] != 0)

@@ -16,6 +16,7 @@ from tests.models.hf_reference import make_hf_model
 VOCAB = 320
 STOP = (7,)
 full_forward = jax.jit(qwen3.forward, static_argnums=1)
+LAYOUTS = ["per_layer", "stacked"]  # the CPU default (unrolled, per-layer buffers) and scan
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +33,12 @@ def teacher_forced_logprobs(params, config, ids):
     return np.asarray(jnp.take_along_axis(logp[:-1], jnp.asarray(ids[1:])[:, None], -1)[:, 0])
 
 
-def test_greedy_equals_repeated_argmax_of_full_forward(model):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_greedy_equals_repeated_argmax_of_full_forward(model, layout):
     config, params = model
-    sampler = Sampler(config, batch_size=4, max_len=64, sampling=GREEDY, stop_ids=(), cache_dtype="float32")
+    sampler = Sampler(config, batch_size=4, max_len=64, sampling=GREEDY, stop_ids=(), cache_dtype="float32",
+                      layout=layout)
+    params = sampler.prepare(params)
     rng = np.random.RandomState(0)
     prompts = {s: list(rng.randint(0, VOCAB, n)) for s, n in enumerate([9, 1, 5, 13])}
     state = sampler.extend(params, sampler.init_state(), prompts)
@@ -42,7 +46,7 @@ def test_greedy_equals_repeated_argmax_of_full_forward(model):
     for slot, prompt in prompts.items():
         seq = list(prompt)
         for _ in range(12):  # repeated argmax of the full (uncached) forward
-            logits = full_forward(params, config, jnp.asarray(seq, jnp.int32)[None])
+            logits = full_forward(model[1], config, jnp.asarray(seq, jnp.int32)[None])
             seq.append(int(jnp.argmax(logits[0, -1])))
         assert list(out[slot].tokens) == seq[len(prompt):], slot
         assert out[slot].finish_reason == "length"
@@ -72,10 +76,11 @@ def test_logprobs_equal_teacher_forcing(model, dtype, tol, capsys):
         assert gap < 0.5  # bf16 is reported, and must still be the same distribution roughly
 
 
-def test_five_turns_of_extend_then_generate_equal_one_prefill(model):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_five_turns_of_extend_then_generate_equal_one_prefill(model, layout):
     config, params = model
     sampler = Sampler(config, batch_size=2, max_len=256, sampling=SamplingConfig(temperature=1.0),
-                      stop_ids=STOP, cache_dtype="float32")
+                      stop_ids=STOP, cache_dtype="float32", layout=layout)
     mt = MultiTurn(sampler)
     rng = np.random.RandomState(2)
     mt.extend(params, {0: list(rng.randint(8, VOCAB, 6)), 1: list(rng.randint(8, VOCAB, 3))})
@@ -91,7 +96,8 @@ def test_five_turns_of_extend_then_generate_equal_one_prefill(model):
         gen = arr["assistant_mask"][1:] == 1
         np.testing.assert_allclose(arr["logprobs"][1:][gen], ref[gen], atol=1e-4)
         # Greedy check of the tokens themselves: replaying with T=0 from the same history.
-    greedy = Sampler(config, batch_size=1, max_len=256, sampling=GREEDY, stop_ids=STOP, cache_dtype="float32")
+    greedy = Sampler(config, batch_size=1, max_len=256, sampling=GREEDY, stop_ids=STOP, cache_dtype="float32",
+                     layout=layout)
     mt = MultiTurn(greedy)
     history = []
     mt.extend(params, {0: list(rng.randint(8, VOCAB, 4))})
@@ -103,6 +109,28 @@ def test_five_turns_of_extend_then_generate_equal_one_prefill(model):
     logits = full_forward(params, config, jnp.asarray(ids)[None])[0]
     argmax = np.asarray(jnp.argmax(logits, -1))
     np.testing.assert_array_equal(ids[1:][mask[1:] == 1], argmax[:-1][mask[1:] == 1])
+
+
+def test_prepared_parameters_decode_exactly_as_the_stacked_ones(model):
+    """`prepare` (per-layer weights in column blocks) is a layout, not a different model:
+    the same tokens and logprobs as stacked parameters converted inside the call, and as
+    the scanned stacked layout, at temperature 1."""
+    config, params = model
+    outs = []
+    for layout, blocks, prepare in (("per_layer", 2, True), ("per_layer", 2, False), ("per_layer", 1, True),
+                                    ("stacked", 1, False)):
+        sampler = Sampler(config, batch_size=3, max_len=64, sampling=SamplingConfig(temperature=1.0),
+                          stop_ids=(), cache_dtype="float32", layout=layout, column_blocks=blocks)
+        p = sampler.prepare(params) if prepare else params
+        assert qwen3.is_stacked(p) == (layout == "stacked" or not prepare)
+        prompts = {0: [5, 6, 7], 1: [8] * 9, 2: [9, 10]}
+        state = sampler.extend(p, sampler.init_state(), prompts)
+        _, out = sampler.generate(p, state, [0, 1, 2], max_new_tokens=12, seeds=[1, 2, 3])
+        outs.append(out)
+    for out in outs[1:]:
+        for slot in range(3):
+            np.testing.assert_array_equal(out[slot].tokens, outs[0][slot].tokens)
+            np.testing.assert_allclose(out[slot].logprobs, outs[0][slot].logprobs, atol=1e-5)  # dot order
 
 
 def test_stop_tokens_end_a_row_and_are_kept(model):
@@ -139,11 +167,13 @@ def test_row_is_reproducible_from_its_seed_in_any_slot(model):
     assert len(mt.conversations[0]) == 3 + 5  # the waiting slot was not touched
 
 
-def test_compilations_are_bounded_in_a_multi_turn_run(model):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_compilations_are_bounded_in_a_multi_turn_run(model, layout):
     config, params = model
     sampler = Sampler(config, batch_size=2, max_len=256, sampling=SamplingConfig(temperature=1.0),
                       stop_ids=STOP, cache_dtype="float32", prefill_buckets=(16, 64, 255),
-                      decode_buckets=(32,))
+                      decode_buckets=(32,), layout=layout)
+    params = sampler.prepare(params)
     mt = MultiTurn(sampler)
     rng = np.random.RandomState(3)
     for episode in range(3):
@@ -167,7 +197,8 @@ def test_context_overflow_is_a_clear_error(model):
     assert len(out[0].tokens) == 32 - 1 - 20 and out[0].finish_reason == "length"
 
 
-def test_sharded_sampling_equals_unsharded(model):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_sharded_sampling_equals_unsharded(model, layout):
     config, params = model
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
     from jaxscaffold.models.qwen3 import param_shardings
@@ -176,11 +207,15 @@ def test_sharded_sampling_equals_unsharded(model):
     results = []
     for p, m in ((params, None), (sharded_params, mesh)):
         sampler = Sampler(config, batch_size=4, max_len=64, sampling=SamplingConfig(temperature=0.8),
-                          stop_ids=(), cache_dtype="float32", mesh=m)
+                          stop_ids=(), cache_dtype="float32", mesh=m, layout=layout)
+        p = sampler.prepare(p)
         state = sampler.extend(p, sampler.init_state(), prompts)
         state, out = sampler.generate(p, state, list(prompts), max_new_tokens=10, seeds=[1, 2, 3, 4])
-        if m is not None:
-            assert state.cache.k.sharding.spec == jax.sharding.PartitionSpec(None, ("data", "fsdp"), None, "tensor", None)
+        if m is not None:  # rows over the batch axes, kv heads over tensor
+            rows_heads = (("data", "fsdp"), "tensor", None, None)
+            for k in (state.cache.k if layout == "per_layer" else [state.cache.k]):
+                expected = rows_heads if layout == "per_layer" else (None,) + rows_heads
+                assert k.sharding.spec == jax.sharding.PartitionSpec(*expected)
         results.append(out)
     for s in prompts:
         np.testing.assert_array_equal(results[0][s].tokens, results[1][s].tokens)
@@ -190,38 +225,62 @@ def test_sharded_sampling_equals_unsharded(model):
 # ----------------------------------------------------------------------------- sampling math
 
 
+@pytest.mark.parametrize("vocab", [12, 2500])  # 2500: three inverse-CDF blocks, the last padded
 @pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 1.0, 0), (0.7, 1.0, 0), (1.0, 0.8, 0), (0.7, 0.6, 0), (1.0, 1.0, 4)])
-def test_empirical_distribution_matches_softmax(temperature, top_p, top_k):
+def test_empirical_distribution_matches_softmax(temperature, top_p, top_k, vocab):
     rng = np.random.RandomState(0)
-    logits = jnp.asarray(rng.randn(12) * 1.5, jnp.float32)
+    scale = 1.5 if vocab == 12 else 4.0  # peaked, so top-p keeps a few hundred of the 2500
+    logits = jnp.asarray(rng.randn(vocab) * scale, jnp.float32)
     n = 40_000
     cfg = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
     keys = jax.random.split(jax.random.key(1234), n)
-    tokens, policy_lp, sampled_lp = jax.jit(sample, static_argnums=2)(jnp.broadcast_to(logits, (n, 12)), keys, cfg)
+    tokens, policy_lp, sampled_lp = jax.jit(sample, static_argnums=2)(jnp.broadcast_to(logits, (n, vocab)), keys, cfg)
     # Independent reference, in NumPy from the definitions.
     z = np.asarray(logits, np.float64) / temperature
     p = np.exp(z - z.max())
     p /= p.sum()
     order = np.argsort(-p)
-    keep = np.zeros(12, bool)
+    keep = np.zeros(vocab, bool)
     mass = 0.0
     for i in order:
         if mass < top_p:
             keep[i] = True
         mass += p[i]
     if top_k:
-        keep &= np.isin(np.arange(12), order[:top_k])
+        keep &= np.isin(np.arange(vocab), order[:top_k])
     expected = np.where(keep, p, 0.0)
     expected /= expected.sum()
-    counts = np.bincount(np.asarray(tokens), minlength=12)
+    counts = np.bincount(np.asarray(tokens), minlength=vocab)
     assert counts[~keep].sum() == 0
-    chi2, pval = stats.chisquare(counts[keep], expected[keep] * n)
+    # Pool the rare tokens (expected count < 5) into one cell, as the chi-square test needs.
+    rare = keep & (expected * n < 5)
+    obs = np.append(counts[keep & ~rare], counts[rare].sum())
+    exp = np.append(expected[keep & ~rare], expected[rare].sum()) * n
+    if not rare.any():
+        obs, exp = obs[:-1], exp[:-1]
+    chi2, pval = stats.chisquare(obs, exp)
     assert pval > 1e-3, (chi2, pval)
     # Policy logprob is always the untruncated T=1 one; sampled logprob is of `expected`.
     full = np.log(np.exp(np.asarray(logits, np.float64) - np.asarray(logits).max()) /
                   np.exp(np.asarray(logits, np.float64) - np.asarray(logits).max()).sum())
     np.testing.assert_allclose(np.asarray(policy_lp), full[np.asarray(tokens)], atol=1e-5)
     np.testing.assert_allclose(np.asarray(sampled_lp), np.log(expected[np.asarray(tokens)]), atol=1e-5)
+
+
+def test_top_p_threshold_equals_the_sorted_definition():
+    """The bisection over probability bits keeps exactly the sorted definition's set (the
+    smallest prefix whose mass reaches top_p, ties at its edge included), on many rows."""
+    rng = np.random.RandomState(7)
+    logits = rng.randn(64, 3000) * rng.uniform(0.5, 6, (64, 1))
+    logits[:4, :10] = logits[:4, :1]  # ties
+    for top_p in (0.05, 0.5, 0.9, 0.999):
+        out = np.asarray(sampling_logits(jnp.asarray(logits, jnp.float32), SamplingConfig(1.0, top_p=top_p)))
+        p = np.asarray(jax.nn.softmax(jnp.asarray(logits, jnp.float32), -1), np.float64)
+        for row in range(64):
+            desc = np.sort(p[row])[::-1]
+            before = np.cumsum(desc) - desc
+            threshold = desc[before < top_p].min()
+            np.testing.assert_array_equal(np.isfinite(out[row]), p[row] >= threshold, err_msg=f"{row} {top_p}")
 
 
 def test_top_p_keeps_at_least_the_most_likely_token():
