@@ -297,7 +297,7 @@ def segment_positions(segment_ids_BT):
 
 
 def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=None,
-                  segment_ids_BT=None, cache: KVCache | None = None):
+                  segment_ids_BT=None, cache: KVCache | None = None, window: int | None = None):
     """The final-normed hidden states h_BTD (the embedding model's output).
 
     Args:
@@ -308,6 +308,9 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
         segment). Default: all ones.
       cache: a KVCache; the new tokens (right-padded) are written after each row's length;
         padding is never written, and tokens past the capacity are dropped.
+      window: per-layer caches only (static): attend over the first `window` slots, which
+        must hold every row's tokens including the new ones (the caller buckets it), instead
+        of the whole capacity; a decode step then reads the filled part of the cache only.
 
     Returns:
       h_BTD, or (h_BTD, new_cache) when a cache is given.
@@ -338,11 +341,13 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
         if per_layer_cache:
             # Write first, then attend over the buffer as it now is: the buffer flows from
             # input to output through one in-place scatter, so XLA need not copy it.
-            mask = attention.cache_mask(segments, cache.lengths, t)
+            w = segments.shape[1] if window is None else min(window, segments.shape[1])
+            mask = attention.cache_mask(segments[:, :w], cache.lengths, t)
 
             def attend(q, k, v, cache_kv):
                 ck, cv = (_scatter_kv(buf, new, slots) for buf, new in zip(cache_kv, (k, v)))
-                return attention.cache_attention(q, ck.astype(dt), cv.astype(dt), mask), (ck, cv)
+                seen = [lax.slice_in_dim(x, 0, w, axis=2).astype(dt) for x in (ck, cv)]
+                return attention.cache_attention(q, *seen, mask), (ck, cv)
         else:
             # Stacked: the cache is read only here and written once after all layers (a
             # scan writing it per layer would copy the whole cache every call).
@@ -402,14 +407,14 @@ def unembed(params: dict, config: Qwen3Config, h_BTD):
 
 
 def forward(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=None,
-            segment_ids_BT=None, cache: KVCache | None = None):
+            segment_ids_BT=None, cache: KVCache | None = None, window: int | None = None):
     """Logits_BTV (f32) of a Qwen3 causal LM; `(logits_BTV, new_cache)` when a cache is given.
 
     See `hidden_states` for the optional arguments. Jit it with `config` static, e.g.
     `jax.jit(forward, static_argnums=1)`.
     """
     out = hidden_states(params, config, tokens_BT, positions_BT=positions_BT,
-                        segment_ids_BT=segment_ids_BT, cache=cache)
+                        segment_ids_BT=segment_ids_BT, cache=cache, window=window)
     if cache is None:
         return unembed(params, config, out)
     h, new_cache = out

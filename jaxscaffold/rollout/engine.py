@@ -7,8 +7,10 @@ slot for the next episode (continuous batching: a finished episode's slot is ref
 others are mid-episode, and a slot waiting for its environment simply sits out a decode).
 
 Compiled programs are bounded by bucketing: prefill lengths round up to `prefill_buckets`,
-decode lengths to `decode_buckets`; batch and cache sizes are fixed per engine. The decode
-loop runs inside one jitted `lax.while_loop` with the cache donated.
+decode lengths to `decode_buckets`, and (per_layer layout) the cache prefix a call attends
+over to powers of two from 256, so short conversations do not read a long cache's empty
+slots; batch and cache sizes are fixed per engine. The decode loop runs inside one jitted
+`lax.while_loop` with the cache donated.
 
 Sampling keys are per row and per position: the token at absolute position p of a row with
 seed s is drawn with `fold_in(key(s), p)`, so a row is reproducible from its seed whatever
@@ -109,6 +111,7 @@ class Sampler:
         self.stop_ids = np.asarray(sorted(set(stop_ids)), np.int32)
         self.prefill_buckets = tuple(prefill_buckets or _powers_of_two(16, max_len))
         self.decode_buckets = tuple(decode_buckets or _powers_of_two(16, max_len))
+        self.window_buckets = _powers_of_two(min(256, max_len), max_len)  # cache prefixes attended
         self.mesh, self.rules = mesh, rules
         cpu = jax.default_backend() == "cpu"
         if layout == "auto":
@@ -121,8 +124,9 @@ class Sampler:
         self.column_blocks = column_blocks if layout == "per_layer" else 1
         self.num_traces = 0  # how many programs were traced (= compiled), for tests
         self._prepare = jax.jit(self._weights)
-        self._prefill = jax.jit(self._prefill_fn, donate_argnums=(1,), out_shardings=self._state_shardings())
-        self._decode = jax.jit(self._decode_fn, static_argnums=(5,), donate_argnums=(1,),
+        self._prefill = jax.jit(self._prefill_fn, static_argnums=(4,), donate_argnums=(1,),
+                                out_shardings=self._state_shardings())
+        self._decode = jax.jit(self._decode_fn, static_argnums=(5, 6), donate_argnums=(1,),
                                out_shardings=(self._state_shardings(), None))
 
     # ---------------------------------------------------------------- state
@@ -161,6 +165,13 @@ class Sampler:
                                segment_ids=cache.segment_ids.at[idx].set(0))
         return SamplerState(cache=cache, logits_BV=state.logits_BV)
 
+    def _window(self, needed: int) -> int:
+        """The cache prefix a call attends over (per_layer): a bucket holding `needed` slots,
+        so a decode step reads the filled part of the cache, not the whole capacity."""
+        if self.layout != "per_layer":
+            return self.max_len
+        return _bucket(min(needed, self.max_len), self.window_buckets, "a window")
+
     def _weights(self, params):
         """The parameters in this sampler's layout (a no-op on `prepare`d ones)."""
         if self.layout == "per_layer":
@@ -176,11 +187,12 @@ class Sampler:
 
     # ---------------------------------------------------------------- prefill
 
-    def _prefill_fn(self, params, state: SamplerState, tokens_BT, segments_BT):
+    def _prefill_fn(self, params, state: SamplerState, tokens_BT, segments_BT, window: int):
         self.num_traces += 1
         c = self.config
         params = self._weights(params)
-        h, cache = qwen3.hidden_states(params, c, tokens_BT, segment_ids_BT=segments_BT, cache=state.cache)
+        h, cache = qwen3.hidden_states(params, c, tokens_BT, segment_ids_BT=segments_BT, cache=state.cache,
+                                       window=window)
         n = jnp.sum(segments_BT != 0, axis=1)
         last = jnp.take_along_axis(h, jnp.maximum(n - 1, 0)[:, None, None], axis=1)
         new_logits = qwen3.unembed(params, c, last)[:, 0]  # only the last position: no [B, T, V]
@@ -206,7 +218,8 @@ class Sampler:
         for slot, toks in tokens.items():
             ids[slot, : len(toks)] = toks
             seg[slot, : len(toks)] = 1
-        return self._prefill(params, state, self._put(ids), self._put(seg))
+        window = self._window(max(int(lengths[slot]) + len(toks) for slot, toks in tokens.items()))
+        return self._prefill(params, state, self._put(ids), self._put(seg), window)
 
     def _put(self, x: np.ndarray):
         if self.mesh is None:
@@ -215,7 +228,7 @@ class Sampler:
 
     # ---------------------------------------------------------------- decode
 
-    def _decode_fn(self, params, state: SamplerState, seeds_B, active_B, max_new_B, steps: int):
+    def _decode_fn(self, params, state: SamplerState, seeds_B, active_B, max_new_B, steps: int, window: int):
         self.num_traces += 1
         c, b = self.config, self.batch_size
         params = self._weights(params)
@@ -239,7 +252,7 @@ class Sampler:
             stopped = stopped | hit
             # Feed the sampled token so the cache always holds the whole history.
             logits, cache = qwen3.forward(params, c, tok[:, None], segment_ids_BT=live[:, None].astype(jnp.int32),
-                                          cache=st.cache)
+                                          cache=st.cache, window=window)
             logits = jnp.where(live[:, None], logits[:, 0], st.logits_BV)
             done = done | hit | (n >= max_new_B)
             return i + 1, SamplerState(cache=cache, logits_BV=logits), done, stopped, n, toks, lp, slp
@@ -266,8 +279,9 @@ class Sampler:
             active[slot], max_new[slot] = True, max(0, min(max_new_tokens, room))
             row_seeds[slot] = np.uint32(seed % 2**32)
         steps = _bucket(max(1, int(max_new.max())), self.decode_buckets, "a decode")
+        window = self._window(max(int(lengths[s]) + int(max_new[s]) for s in slots) if slots else 1)
         state, out = self._decode(params, state, jnp.asarray(row_seeds), self._put(active),
-                                  self._put(max_new), steps)
+                                  self._put(max_new), steps, window)
         toks, lp, slp, n, stopped = jax.device_get(out)
         results = {}
         for slot in slots:

@@ -133,6 +133,29 @@ def test_prepared_parameters_decode_exactly_as_the_stacked_ones(model):
             np.testing.assert_allclose(out[slot].logprobs, outs[0][slot].logprobs, atol=1e-5)  # dot order
 
 
+def test_attending_over_a_window_of_the_cache_equals_the_full_forward(model):
+    """Calls attend over a power-of-two prefix of a 700-slot cache that holds every row's
+    tokens (256 while the rows are short, then 512): logprobs still equal teacher forcing
+    and the cache beyond the window is never needed."""
+    config, params = model
+    sampler = Sampler(config, batch_size=2, max_len=700, sampling=SamplingConfig(temperature=1.0),
+                      stop_ids=(), cache_dtype="float32", layout="per_layer")
+    assert sampler.window_buckets == (256, 512, 700)
+    p = sampler.prepare(params)
+    rng = np.random.RandomState(4)
+    mt = MultiTurn(sampler)
+    mt.extend(p, {0: list(rng.randint(8, VOCAB, 20)), 1: list(rng.randint(8, VOCAB, 3))})
+    mt.generate(p, [0, 1], max_new_tokens=16, seeds=[1, 2])  # window 256
+    mt.extend(p, {0: list(rng.randint(8, VOCAB, 230))})  # slot 0 now past 256: window 512
+    mt.generate(p, [0, 1], max_new_tokens=16, seeds=[3, 4])
+    for slot, conv in mt.release([0, 1]).items():
+        arr = conv.arrays()
+        ref = teacher_forced_logprobs(params, config, arr["ids"])
+        gen = arr["assistant_mask"][1:] == 1
+        assert gen.sum() == 32
+        np.testing.assert_allclose(arr["logprobs"][1:][gen], ref[gen], atol=1e-4)
+
+
 def test_stop_tokens_end_a_row_and_are_kept(model):
     config, params = model
     sampler = Sampler(config, batch_size=2, max_len=128, sampling=SamplingConfig(temperature=1.0),
