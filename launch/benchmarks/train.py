@@ -37,8 +37,11 @@ def _batch(vocab, b, t, seed=0):
             "adv_B": rng.randn(b).astype(np.float32)}
 
 
-def _torch_step(model, batch, lr=1e-6, clip=0.2):
-    """The GRPO seq-mean-token-mean PPO-clip loss + AdamW, in PyTorch."""
+def _torch_step(model, batch, lr=1e-6, clip=0.2, bf16: bool = False):
+    """The GRPO seq-mean-token-mean PPO-clip loss + AdamW, in PyTorch (f32, or the forward and
+    backward under bf16 autocast with f32 weights and optimizer: like our bf16 compute)."""
+    import contextlib
+
     import torch
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     tokens = torch.as_tensor(batch["tokens_BT"]).long()
@@ -48,7 +51,9 @@ def _torch_step(model, batch, lr=1e-6, clip=0.2):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        logits = model(input_ids=tokens).logits[:, :-1].float()
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        with autocast:
+            logits = model(input_ids=tokens).logits[:, :-1].float()
         logp = torch.gather(torch.log_softmax(logits, -1), -1, tokens[:, 1:, None])[..., 0]
         ratio = torch.exp(torch.clamp(logp - old, -20, 20))
         loss_t = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - clip, 1 + clip))
@@ -87,31 +92,37 @@ def run(quick: bool = False) -> None:
     torch.set_num_threads(cores)
     b, t = (4, 128) if quick else (8, 256)
     name = "tiny" if quick else "100m"
-    reps = 2
+    reps = 2 if quick else 3
     REPORT.say(f"# train step: {name} config, batch {b} x {t} tokens, GRPO loss + AdamW; torch threads {cores}")
     peak = dot_peak()
     REPORT.figure("jnp.dot 2048^3 f32 peak", peak / 1e9, "GFLOP/s")
     directory = tempfile.mkdtemp(prefix=f"bench-train-{name}-")
     model = _hf_model(name, directory).train()
     batch = _batch(CONFIGS[name]["vocab_size"], b, t)
-    config, params = hf_io.load_pretrained(directory)
-    opt = OptimizerConfig(lr=1e-6).make()
-    step = make_train_step(config, preset("grpo"), opt, logprob_chunk=128)
-    state = [init_train_state(params, opt)]
-
-    def ours():
-        state[0], metrics = step(state[0], batch)
-        jax.block_until_ready(metrics)
-
-    t_ours = median_time(ours, reps)
-    t_torch = median_time(_torch_step(model, batch), reps)
     tokens = b * t
-    n_params = config.num_params()
-    attn = config.num_layers * 2 * b * t * t * config.q_dim  # QK^T and PV, causal half counted fully
-    flops = 6 * n_params * tokens + 3 * 2 * attn
-    REPORT.figure("train step tokens/s, ours vs PyTorch", tokens / t_ours, "tok/s", t_torch / t_ours)
-    REPORT.figure("train step achieved FLOP/s / jnp.dot peak", flops / t_ours / peak, "fraction",
-                  note=f"({flops / t_ours / 1e9:.0f} GFLOP/s)")
+    # Steady state: the first two steps of either framework are slower (allocation warm-up).
+    warmup = 1 if quick else 2
+    for compute in ("float32", "bfloat16"):
+        config, params = hf_io.load_pretrained(directory, compute_dtype=compute)  # f32 master weights
+        opt = OptimizerConfig(lr=1e-6).make()
+        step = make_train_step(config, preset("grpo"), opt, logprob_chunk=128)
+        state = [init_train_state(params, opt)]
+
+        def ours():
+            state[0], metrics = step(state[0], batch)
+            jax.block_until_ready(metrics)
+
+        t_ours = median_time(ours, reps, warmup=warmup)
+        t_torch = median_time(_torch_step(model, batch, bf16=compute == "bfloat16"), reps, warmup=warmup)
+        del state
+        n_params = config.num_params()
+        attn = config.num_layers * 2 * b * t * t * config.q_dim  # QK^T and PV, causal half counted fully
+        flops = 6 * n_params * tokens + 3 * 2 * attn
+        ref = "PyTorch" if compute == "float32" else "PyTorch bf16 autocast"
+        REPORT.figure(f"train step tokens/s, {compute} compute, ours vs {ref}", tokens / t_ours, "tok/s",
+                      t_torch / t_ours)
+        REPORT.figure(f"train step achieved FLOP/s / jnp.dot f32 peak, {compute} compute",
+                      flops / t_ours / peak, "fraction", note=f"({flops / t_ours / 1e9:.0f} GFLOP/s)")
     chunked, naive = logprob_memory()
     REPORT.figure("logprob grad temp memory at vocab 151936, chunked", chunked / 2**20, "MiB", chunked / naive,
                   note=f"(naive full logits: {naive / 2**20:.0f} MiB)")
