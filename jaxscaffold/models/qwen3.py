@@ -187,6 +187,15 @@ def _scatter_rows(buf_BS, new_BT, slots_BT):
     return buf_BS.at[b, slots_BT].set(new_BT.astype(buf_BS.dtype), mode="drop")
 
 
+def _embed_rows(embed_VD, tokens_BT):
+    """embed[tokens]; 16-bit tables are gathered as their bits (XLA:CPU would otherwise
+    convert the whole table to f32 for every call)."""
+    if embed_VD.dtype.itemsize != 2:
+        return jnp.take(embed_VD, tokens_BT, axis=0)
+    rows = jnp.take(lax.bitcast_convert_type(embed_VD, jnp.uint16), tokens_BT, axis=0)
+    return lax.bitcast_convert_type(rows, embed_VD.dtype)
+
+
 def _scatter_kv(buf, new_BTGK, slots_BT):
     """Writes new keys or values [(L,) B, T, G, K] into a cache buffer [(L,) B, G, S, K].
 
@@ -358,7 +367,7 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
                                                   segment_BT=segment_ids_BT), (k, v)
 
     cos, sin = rope_tables(positions_BT, c.head_dim, c.rope_theta)
-    x = jnp.take(params["embed"], tokens_BT, axis=0).astype(dt)
+    x = _embed_rows(params["embed"], tokens_BT).astype(dt)
 
     def layer(x, xs):
         lp, cache_kv = xs
