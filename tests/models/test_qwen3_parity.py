@@ -203,3 +203,12 @@ def test_bf16_cache_holds_the_rounded_keys_and_values(tmp_path, per_layer):
         assert got.dtype == jnp.bfloat16
         np.testing.assert_array_equal(got.astype(np.float32), ref.astype(jnp.bfloat16).astype(np.float32))
         assert np.all(got[0, :, 5:] == 0) and np.all(got[1, :, 2:] == 0) and np.any(got[1, :, :2] != 0)
+
+
+def test_bf16_embedding_rows_are_gathered_exactly():
+    """16-bit tables are gathered as raw bits: the rows equal NumPy indexing bit for bit."""
+    table = jax.random.normal(jax.random.key(0), (50, 8)).astype(jnp.bfloat16)
+    tokens = jnp.asarray([[3, 0, 49], [7, 7, 1]], jnp.int32)
+    rows = qwen3._embed_rows(table, tokens)
+    assert rows.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(rows).view(np.uint16), np.asarray(table).view(np.uint16)[np.asarray(tokens)])
