@@ -538,6 +538,11 @@ def train(cfg, workload: Callable[[Job, Any], Any] = EnvWorkload) -> dict[str, A
     start = 0
     if ckpt.latest_step() is not None:
         state, extra = ckpt.restore(state)
+        missing = sorted({"step", "workload", "history"} - set(extra))
+        if missing:
+            raise ValueError(
+                f"the checkpoint in {ckpt.directory} lacks {missing}: it was written by an older, "
+                f"incompatible version; resume is impossible, so use a new out_dir (or delete {out})")
         start = extra["step"]
         work.set_state(extra["workload"])
         history = extra["history"]

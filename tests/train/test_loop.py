@@ -54,6 +54,18 @@ def test_resume_continues_identically(tmp_path):
                {k: v for k, v in hb.items() if not k.startswith(drop)}
 
 
+def test_checkpoint_of_an_older_format_is_a_clear_error(tmp_path):
+    """A checkpoint whose metadata lacks what resuming needs (written before the workload
+    state existed) stops the run with a message naming the directory, not a KeyError."""
+    from jaxscaffold.train.checkpoint import Checkpointer
+    first = train(tiny_config(tmp_path, steps=1, **{"eval.every": 0, "checkpoint.every": 1}))
+    ckpt = Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
+    ckpt.save(2, first["state"], {"step": 2, "history": first["history"]})  # no "workload"
+    ckpt.close()
+    with pytest.raises(ValueError, match=r"lacks \['workload'\].*older, incompatible version"):
+        train(tiny_config(tmp_path, steps=3, **{"eval.every": 0, "checkpoint.every": 1}))
+
+
 def test_kl_to_the_frozen_initial_policy(tmp_path):
     """kl_coef > 0 trains against a frozen copy of the initial parameters: zero KL at the first
     step (policy == reference), positive once the policy has moved."""
