@@ -132,7 +132,7 @@ def run_episodes(params, sampler: Sampler, envs: EnvBatch, tokenizer: Tokenizer,
         raise ValueError(f"unknown representation {cfg.representation!r} (trajectory, stepwise)")
     stepwise = cfg.representation == "stepwise"
     params = sampler.prepare(params)  # once: the layout the sampler decodes with
-    ids = list(range(len(tasks))) if episode_ids is None else list(episode_ids)
+    episode_keys = list(range(len(tasks))) if episode_ids is None else list(episode_ids)
     chat = Qwen3ChatRenderer(tokenizer)
     im_end = tokenizer.token_id("<|im_end|>")
     num_groups = num_groups or (max(groups) + 1 if groups else 0)
@@ -185,7 +185,7 @@ def run_episodes(params, sampler: Sampler, envs: EnvBatch, tokenizer: Tokenizer,
         live = [i for i, ep in enumerate(episodes) if not ep.done]
         if not live:
             break
-        seeds = [_seed(seed, train_step, ids[i], turn) for i in live]
+        seeds = [_seed(seed, train_step, episode_keys[i], turn) for i in live]
         gens = mt.generate(params, live, max_new_tokens=cfg.max_new_tokens, seeds=seeds)
         actions = {i: tokenizer.decode([t for t in gens[i].tokens if t not in tokenizer.eos_ids]) for i in live}
         results = envs.step(actions)

@@ -32,10 +32,10 @@ class Recording(EnvWorkload):
         return episodes, stats
 
 
-# Greedy rollouts in groups of one (advantage = reward): episodes do not depend on the sampling
-# seeds, which derive from an episode's index in its process's batch (see test_multihost.py).
+# Sampled rollouts (T = 1) in groups of two: an episode's sampling seeds derive from its global
+# episode id, so each process samples exactly the episodes one process would (test_multihost.py).
 cfg = tiny_config(os.path.join(out, "run"), steps=2, **{
-    "rollout.tasks_per_step": 4, "rollout.group_size": 1, "rollout.temperature": 0.0,
+    "rollout.tasks_per_step": 4, "rollout.group_size": 2, "rollout.temperature": 1.0,
     "rollout.max_turns": 3, "rollout.max_len": 256, "envs.train": "coin", "envs.eval": "coin",
     "feedback.schedule": "bandit", "feedback.bandit_signal": "success",
     "eval.every": 2, "eval.tasks": 4, "checkpoint.every": 2})

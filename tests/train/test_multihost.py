@@ -70,10 +70,8 @@ def test_two_process_loop_matches_one_process(tmp_path):
     metrics, the feedback log and the bandit's signal, so every process logs the one-process
     numbers and makes the same bandit choices.
 
-    The rollouts here are greedy in groups of one: `run_episodes` derives an episode's sampling
-    seed from its index in the call, which on several processes is its index in the process's
-    share, so sampled (temperature > 0) rollouts of process 1 differ from the one-process run's
-    (equally valid, not equal). Greedy episodes do not depend on the seeds.
+    The rollouts are sampled (T = 1, groups of two): an episode's sampling seeds derive from its
+    global episode id, so process 1 samples exactly the one-process run's episodes of its groups.
 
     Equal means to f32 rounding, not bitwise: the sampler's log-probs (the loss's old_logp)
     come from a batch of 2 rows per process instead of 4 and differ in the last bit (ratios

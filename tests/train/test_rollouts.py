@@ -110,3 +110,29 @@ def test_complete_rows_keep_their_seeds_when_split(params):
     whole = complete(params, sampler, tok, prompts, max_new_tokens=6, seed=5)
     tail = complete(params, sampler, tok, prompts[2:], max_new_tokens=6, seed=5, first_row=2)
     assert [c.ids for c, _ in tail] == [c.ids for c, _ in whole[2:]]
+
+
+def test_episodes_keep_their_samples_when_split_by_episode_ids(params, monkeypatch):
+    """What multi-host rollouts rely on: episodes run in two calls (each passing the global
+    episode ids of its share, at its own batch size) sample exactly what one call samples,
+    turn after turn; other episode ids sample differently."""
+    from tests.train.toy_envs import CoinEnv, catalogue, register
+    register(monkeypatch)
+    tok = QwenOfflineTokenizer()
+    tasks = catalogue("train", 3)
+    tasks = [t for t in tasks for _ in range(2)]  # groups of two: same task, different samples
+    groups = [0, 0, 1, 1, 2, 2]
+    cfg = RolloutConfig(max_turns=3, max_new_tokens=6)
+
+    def run(idx, ids):
+        sampler = Sampler(CONFIG, batch_size=len(idx), max_len=512, sampling=SamplingConfig(1.0))
+        return run_episodes(params, sampler, LocalEnvs({"coin": CoinEnv}), tok, [tasks[i] for i in idx],
+                            [groups[i] for i in idx], cfg, seed=3, train_step=1, episode_ids=ids, num_groups=3)
+
+    whole = run(range(6), list(range(6)))
+    split = run(range(2), [0, 1]) + run(range(2, 6), [2, 3, 4, 5])
+    assert len({tuple(e.conversation.ids) for e in whole}) == 6  # the samples differ between rows
+    for a, b in zip(whole, split):
+        assert a.conversation.ids == b.conversation.ids and a.actions == b.actions and a.reward == b.reward
+    shifted = run(range(2, 6), [6, 7, 8, 9])
+    assert [e.conversation.ids for e in shifted] != [e.conversation.ids for e in whole[2:]]
