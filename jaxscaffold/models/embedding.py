@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxscaffold.buckets import pow2_bucket
 from jaxscaffold.models import hf_io, qwen3
 from jaxscaffold.models.config import Qwen3Config
 from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules
@@ -34,13 +35,6 @@ def embed(params: dict, config: Qwen3Config, tokens_BT, segment_ids_BT):
     last_B = jnp.maximum(jnp.sum(segment_ids_BT > 0, axis=1) - 1, 0)
     emb_BD = jnp.take_along_axis(h_BTD, last_B[:, None, None], axis=1)[:, 0].astype(jnp.float32)
     return emb_BD / jnp.maximum(jnp.linalg.norm(emb_BD, axis=-1, keepdims=True), 1e-12)
-
-
-def _bucket(n: int, minimum: int) -> int:
-    b = minimum
-    while b < n:
-        b *= 2
-    return b
 
 
 class Qwen3Embedder:
@@ -94,7 +88,7 @@ class Qwen3Embedder:
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
         for start in range(0, len(order), self.batch_size):
             idx = order[start:start + self.batch_size]
-            t = _bucket(max(len(rows[i]) for i in idx), self.min_bucket)
+            t = pow2_bucket(max(len(rows[i]) for i in idx), self.min_bucket)
             tokens = np.zeros((self.batch_size, t), np.int32)
             segments = np.zeros((self.batch_size, t), np.int32)
             for r, i in enumerate(idx):

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxscaffold.buckets import pow2_bucket
 from jaxscaffold.models.config import Qwen3Config
 from jaxscaffold.models.qwen3 import param_shapes, param_shardings
 from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules
@@ -229,18 +230,11 @@ def _jitted_step(model_config, optimizer, micro_loss, *, num_micro_batches, mesh
         num_positions = None
         if score_masked_only:
             t = batch["tokens_BT"].shape[1]
-            num_positions = min(t, _bucket(int(max_masked(batch["loss_mask_BT"]))))
+            num_positions = min(t, pow2_bucket(int(max_masked(batch["loss_mask_BT"])), 16))
         return program(num_positions)(state, batch, *ref_params)
 
     train_step.programs = compiled  # the compiled variants (tests count them)
     return train_step
-
-
-def _bucket(n: int, minimum: int = 16) -> int:
-    b = minimum
-    while b < n:
-        b *= 2
-    return b
 
 
 _MERGE = {"ratio_min": jnp.minimum, "ratio_max": jnp.maximum}  # every other metric is a sum

@@ -12,14 +12,13 @@ from typing import Sequence
 
 import numpy as np
 
+from jaxscaffold.buckets import pow2_bucket
 from jaxscaffold.rollout.conversation import Conversation
 
 
 def bucket(n: int, minimum: int = 64) -> int:
-    b = minimum
-    while b < n:
-        b *= 2
-    return b
+    """Row-length bucket of a batch (a power of two times `minimum`)."""
+    return pow2_bucket(n, minimum)
 
 
 def build_batch(conversations: Sequence[Conversation], adv: Sequence[float], *, row_multiple: int = 1,
