@@ -77,22 +77,23 @@ def param_shardings(config: Qwen3Config, mesh, rules: ShardingRules = DEFAULT_RU
 def init_params(config: Qwen3Config, key: jax.Array, mesh=None,
                 rules: ShardingRules = DEFAULT_RULES) -> dict:
     """Random parameters (normal(0, 0.02) matrices, unit norms), created already sharded."""
+    out_shardings = None if mesh is None else param_shardings(config, mesh, rules)
+    # One module-level function (config static): later calls reuse the compiled program.
+    return jax.jit(_random_params, static_argnums=0, out_shardings=out_shardings)(config, key)
+
+
+def _random_params(config: Qwen3Config, key: jax.Array) -> dict:
     shapes = param_shapes(config)
     leaves, treedef = jax.tree.flatten(shapes)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(shapes)[0]]
-
-    def make(key):
-        keys = jax.random.split(key, len(leaves))
-        out = []
-        for k, s, path in zip(keys, leaves, paths):
-            if "norm" in path:
-                out.append(jnp.ones(s.shape, s.dtype))
-            else:
-                out.append((0.02 * jax.random.normal(k, s.shape, jnp.float32)).astype(s.dtype))
-        return jax.tree.unflatten(treedef, out)
-
-    out_shardings = None if mesh is None else param_shardings(config, mesh, rules)
-    return jax.jit(make, out_shardings=out_shardings)(key)
+    keys = jax.random.split(key, len(leaves))
+    out = []
+    for k, s, path in zip(keys, leaves, paths):
+        if "norm" in path:
+            out.append(jnp.ones(s.shape, s.dtype))
+        else:
+            out.append((0.02 * jax.random.normal(k, s.shape, jnp.float32)).astype(s.dtype))
+    return jax.tree.unflatten(treedef, out)
 
 
 def is_stacked(params: dict) -> bool:

@@ -8,7 +8,8 @@ import sys
 def configure(total_devices: int):
     """(process id, process count, output path); imports and configures jax."""
     process_id, num_processes, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={total_devices // num_processes}"
+    os.environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={total_devices // num_processes} "
+                               + os.environ.get("JAXSCAFFOLD_TEST_XLA_FLAGS", ""))
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
 

@@ -44,7 +44,7 @@ def test_notebook_train_and_export_commands_run(tmp_path):
              "--config.rollout.max_new_tokens=8", "--config.rollout.max_turns=2", "--config.eval.max_turns=2",
              "--config.model.compute_dtype=float32", "--config.envs.num_workers=1"]
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
+    env["JAX_PLATFORMS"], env["XLA_FLAGS"] = "cpu", os.environ.get("JAXSCAFFOLD_TEST_XLA_FLAGS", "")
     for command in commands:
         command = command.replace("{ckpt}", str(ckpt)).replace("/content/", f"{tmp_path}/")
         args = command.split()
