@@ -66,8 +66,9 @@ class MetricLogger:
         done = step - self.start
         eta = (time.perf_counter() - self.t0) / max(done, 1) * (self.total - step)
         bar = "#" * int(20 * step / max(self.total, 1))
-        shown = "  ".join(f"{k.split('/')[-1]} {metrics[k]:.3f}" for k in
-                          ("rollout/reward", "rollout/success", "eval/success", "train/entropy") if k in metrics)
+        labels = {"rollout/reward": "reward", "rollout/success": "success", "eval/success": "eval success",
+                  "train/entropy": "entropy"}
+        shown = "  ".join(f"{label} {metrics[k]:.3f}" for k, label in labels.items() if k in metrics)
         arm = f"  arm {metrics['feedback/arm']}" if "feedback/arm" in metrics else ""
         print(f"\r[{bar:<20}] step {step}/{self.total}  {shown}{arm}  eta {eta:.0f}s", file=self.stream, flush=True)
 

@@ -168,8 +168,8 @@ def test_one_walkthrough_wins_with_reward_scale(alfworld_data, unseen):
 
 @pytest.mark.slow
 def test_walkthroughs_win_on_valid_unseen(env, unseen):
-    tasks = _by_type(unseen, per_type=4)
-    assert len(tasks) == 24 and {t.spec["task_type"] for t in tasks} == set(A.TASK_TYPES)
+    tasks = _by_type(unseen, per_type=2)  # every task type, twice (about 5 s a game)
+    assert len(tasks) == 12 and {t.spec["task_type"] for t in tasks} == set(A.TASK_TYPES)
     for task in tasks:
         ob = env.reset(task)
         walkthrough = ob.privileged["walkthrough"]
