@@ -123,16 +123,22 @@ def attend(impl: str, q_BTHK, k_BSGK, v_BSGK, *, q_segment_BT, kv_segment_BS, q_
     raise ValueError(f"unknown attention implementation {impl!r} (xla, cudnn, splash, auto)")
 
 
+def _grouped_queries(q_BTHK, g: int):
+    """Scaled queries as [B, G, T, R, K] (R = heads per kv head): batch axes leading, like
+    the cache [B, G, S, K], so the score einsums read both as they lie."""
+    b, t, h, d = q_BTHK.shape
+    return (q_BTHK.reshape(b, t, g, h // g, d) * (d ** -0.5)).transpose(0, 2, 1, 3, 4)
+
+
 @functools.partial(jax.named_call, name="cached_attention")
 def cached_attention(q_BTHK, cache_k_BGSK, cache_v_BGSK, k_BTGK, v_BTGK, *, cache_segment_BS, segment_BT):
     """Attention of new tokens over [cached tokens; new tokens] without concatenating the
     cache: the two score blocks share one softmax. Every valid cache slot precedes the new
     tokens; among the new (right-padded) tokens attention is causal within a segment. The
     cache is read as it lies ([B, G, S, K]: batch axes leading, so no transposed copy)."""
-    b, t, h, d = q_BTHK.shape
-    g = cache_k_BGSK.shape[1]
+    b, t = q_BTHK.shape[:2]
     acc = _acc(q_BTHK.dtype)
-    q = (q_BTHK.reshape(b, t, g, h // g, d) * (d ** -0.5)).transpose(0, 2, 1, 3, 4)  # [B, G, T, R, K]
+    q = _grouped_queries(q_BTHK, cache_k_BGSK.shape[1])
     s_old = jnp.einsum("bgtrd,bgsd->bgtrs", q, cache_k_BGSK, preferred_element_type=acc)
     s_new = jnp.einsum("bgtrd,bsgd->bgtrs", q, k_BTGK, preferred_element_type=acc)
     old_ok = (cache_segment_BS != 0)[:, None, None, None, :]  # [B, 1, 1, 1, S]
@@ -146,7 +152,7 @@ def cached_attention(q_BTHK, cache_k_BGSK, cache_v_BGSK, k_BTGK, v_BTGK, *, cach
     dt = cache_v_BGSK.dtype
     out = (jnp.einsum("bgtrs,bgsd->bgtrd", (p_old / norm).astype(dt), cache_v_BGSK, preferred_element_type=acc)
            + jnp.einsum("bgtrs,bsgd->bgtrd", (p_new / norm).astype(dt), v_BTGK, preferred_element_type=acc))
-    return out.transpose(0, 2, 1, 3, 4).reshape(b, t, h, d).astype(q_BTHK.dtype)
+    return out.transpose(0, 2, 1, 3, 4).reshape(q_BTHK.shape).astype(q_BTHK.dtype)
 
 
 def cache_mask(cache_segment_BS, lengths_B, t: int):
@@ -161,12 +167,10 @@ def cache_mask(cache_segment_BS, lengths_B, t: int):
 def cache_attention(q_BTHK, k_BGSK, v_BGSK, mask_BTS):
     """GQA attention of new tokens over a cache buffer [B, G, S, K] that already holds them
     (read as it lies: batch axes leading, no transposed copy); scores and softmax in f32."""
-    b, t, h, d = q_BTHK.shape
-    g = k_BGSK.shape[1]
     acc = _acc(q_BTHK.dtype)
-    q = (q_BTHK.reshape(b, t, g, h // g, d) * (d ** -0.5)).transpose(0, 2, 1, 3, 4)  # [B, G, T, R, K]
+    q = _grouped_queries(q_BTHK, k_BGSK.shape[1])
     scores = jnp.einsum("bgtrd,bgsd->bgtrs", q, k_BGSK, preferred_element_type=acc)
     scores = jnp.where(mask_BTS[:, None, :, None, :], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_BGSK.dtype)
     out = jnp.einsum("bgtrs,bgsd->bgtrd", probs, v_BGSK, preferred_element_type=acc)
-    return out.transpose(0, 2, 1, 3, 4).reshape(b, t, h, d).astype(q_BTHK.dtype)
+    return out.transpose(0, 2, 1, 3, 4).reshape(q_BTHK.shape).astype(q_BTHK.dtype)

@@ -16,15 +16,10 @@ from jaxscaffold.buckets import pow2_bucket
 from jaxscaffold.rollout.conversation import Conversation
 
 
-def bucket(n: int, minimum: int = 64) -> int:
-    """Row-length bucket of a batch (a power of two times `minimum`)."""
-    return pow2_bucket(n, minimum)
-
-
 def build_batch(conversations: Sequence[Conversation], adv: Sequence[float], *, row_multiple: int = 1,
                 min_len: int = 64) -> dict[str, np.ndarray]:
     lengths = [len(c) for c in conversations]
-    t = bucket(max(lengths, default=1), min_len)
+    t = pow2_bucket(max(lengths, default=1), min_len)
     rows = max(1, len(conversations))
     rows += (-rows) % row_multiple
     out = {

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from jaxscaffold.buckets import pow2_bucket
 from jaxscaffold.envs import registry
 from jaxscaffold.envs.base import Task
 from jaxscaffold.envs.pool import EnvPool
@@ -39,7 +40,7 @@ from jaxscaffold.rl.presets import preset
 from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_train_step, state_shardings
 from jaxscaffold.rollout.engine import Sampler
 from jaxscaffold.rollout.sampling import GREEDY, SamplingConfig
-from jaxscaffold.train.batching import bucket, build_batch
+from jaxscaffold.train.batching import build_batch
 from jaxscaffold.train.checkpoint import Checkpointer
 from jaxscaffold.train.logger import MetricLogger, StepLog
 from jaxscaffold.train.rollouts import Episode, LocalEnvs, RolloutConfig, run_episodes
@@ -430,7 +431,8 @@ def process_batch(conversations, adv, row_multiple: int) -> dict[str, np.ndarray
     sizes = allgather_json([len(conversations), max((len(c) for c in conversations), default=1)])
     rows = max(1, max(n for n, _ in sizes))
     rows += (-rows) % local_multiple
-    batch = build_batch(conversations, adv, row_multiple=local_multiple, min_len=bucket(max(t for _, t in sizes)))
+    min_len = pow2_bucket(max(t for _, t in sizes), 64)
+    batch = build_batch(conversations, adv, row_multiple=local_multiple, min_len=min_len)
     return {k: np.pad(v, [(0, rows - v.shape[0])] + [(0, 0)] * (v.ndim - 1)) for k, v in batch.items()}
 
 
