@@ -44,6 +44,7 @@ Privileged information (`Observation.privileged`, for the feedback layer only):
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import unicodedata
@@ -314,6 +315,7 @@ def _import_engine():
         from textworld.envs.pddl import PddlEnv
         from textworld.gym.envs import TextworldGymEnv
         from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+        import fast_downward
     except ImportError as e:  # pragma: no cover - depends on the installation
         raise EnvError(f"{_INSTALL_HINT} ({e})") from e
     finally:
@@ -321,7 +323,21 @@ def _import_engine():
             os.environ.pop("ALFWORLD_DATA", None)
         else:
             os.environ["ALFWORLD_DATA"] = saved
+    _translate_each_game_once(fast_downward)
     return textworld, TextworldGymEnv, PddlEnv, AlfredDemangler, AlfredInfos
+
+
+def _translate_each_game_once(fast_downward) -> None:
+    """Memoise fast-downward's PDDL -> SAS translation in this process.
+
+    TextWorld's `PddlState` translates the game's PDDL twice (plain and optimised) each time it
+    is built, and `PddlEnv` builds one on load and another on every reset: about 80% of a reset
+    (0.4-2 s a game here), repeated for every rollout of a group. The translation is a pure
+    function of the domain and problem texts, and TextWorld only reads the task it returns, so
+    each game is translated once. Bounded: a few hundred KB a game, the most recent games kept.
+    """
+    if not hasattr(fast_downward.pddl2sas, "cache_info"):
+        fast_downward.pddl2sas = functools.lru_cache(maxsize=64)(fast_downward.pddl2sas)
 
 
 class ALFWorldEnv:
