@@ -256,8 +256,12 @@ def test_empirical_distribution_matches_softmax(temperature, top_p, top_k, vocab
     logits = jnp.asarray(rng.randn(vocab) * scale, jnp.float32)
     n = 40_000
     cfg = SamplingConfig(temperature=temperature, top_p=top_p, top_k=top_k)
-    keys = jax.random.split(jax.random.key(1234), n)
-    tokens, policy_lp, sampled_lp = jax.jit(sample, static_argnums=2)(jnp.broadcast_to(logits, (n, vocab)), keys, cfg)
+    keys, logits_NV = jax.random.split(jax.random.key(1234), n), jnp.broadcast_to(logits, (n, vocab))
+    # 10^8 logits: this program's run time, not its compile time, dominates, so it is compiled
+    # with LLVM's optimisations (the suite's default is -O0, tests/conftest.py): 3x faster.
+    compiled = jax.jit(sample, static_argnums=2).lower(logits_NV, keys, cfg).compile(
+        {"xla_backend_optimization_level": 3})
+    tokens, policy_lp, sampled_lp = compiled(logits_NV, keys)
     # Independent reference, in NumPy from the definitions.
     z = np.asarray(logits, np.float64) / temperature
     p = np.exp(z - z.max())
@@ -304,6 +308,22 @@ def test_top_p_threshold_equals_the_sorted_definition():
             before = np.cumsum(desc) - desc
             threshold = desc[before < top_p].min()
             np.testing.assert_array_equal(np.isfinite(out[row]), p[row] >= threshold, err_msg=f"{row} {top_p}")
+
+
+def test_top_k_keeps_the_k_largest_logits_ties_included():
+    """The bisection over float keys finds each row's k-th largest logit as a sort does: with
+    negative, tied and infinite logits, for k from 1 to the whole vocabulary."""
+    rng = np.random.RandomState(3)
+    logits = (rng.randn(32, 700) * rng.uniform(0.1, 8, (32, 1))).astype(np.float32)
+    logits[0, :20] = logits[0, 0]  # ties at the edge: all kept
+    logits[1] = -2.5  # one value throughout
+    logits[2, :7] = -np.inf
+    logits[3, :3] = np.inf
+    logits[4] = -np.abs(logits[4])  # all negative
+    for k in (1, 2, 4, 20, 699, 700, 1000):
+        out = np.asarray(sampling_logits(jnp.asarray(logits), SamplingConfig(1.0, top_k=k)))
+        kth = np.sort(logits, axis=-1)[:, ::-1][:, min(k, 700) - 1]
+        np.testing.assert_array_equal(out, np.where(logits >= kth[:, None], logits, -np.inf), err_msg=str(k))
 
 
 def test_top_p_keeps_at_least_the_most_likely_token():
