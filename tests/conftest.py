@@ -21,3 +21,10 @@ _CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 * 2**30))
+
+
+def pytest_collection_modifyitems(items):
+    """Slow tests first (a stable sort): pytest-xdist hands tests out in this order, so the long
+    ones start early and the short ones fill in at the end, instead of one worker finishing a
+    long test alone while the other idles."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

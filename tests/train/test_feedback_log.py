@@ -6,6 +6,7 @@ import shutil
 
 import jax
 import numpy as np
+import pytest
 
 from jaxscaffold.feedback import bandit
 from jaxscaffold.train.checkpoint import Checkpointer
@@ -68,6 +69,7 @@ def test_every_enrichment_is_logged_counted_and_group_consistent(tmp_path, monke
     assert {got for *_, got in decided} == {True, False}  # p = 0.5: some groups got it, some not
 
 
+@pytest.mark.slow
 def test_bandit_schedule_logs_its_arms_and_resumes_identically(tmp_path, monkeypatch):
     toy_envs.register(monkeypatch)
     over = {"feedback.schedule": "bandit", "feedback.probability": 1.0, "checkpoint.every": 2}

@@ -42,10 +42,11 @@ def test_embedded_default_smoke(tmp_path):
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 4
 
 
+@pytest.mark.slow
 def test_resume_continues_identically(tmp_path):
-    straight = train(tiny_config(tmp_path / "a", steps=6, **{"eval.every": 0, "checkpoint.every": 3}))
-    train(tiny_config(tmp_path / "b", steps=3, **{"eval.every": 0, "checkpoint.every": 3}))  # then "killed"
-    resumed = train(tiny_config(tmp_path / "b", steps=6, **{"eval.every": 0, "checkpoint.every": 3}))
+    straight = train(tiny_config(tmp_path / "a", steps=4, **{"eval.every": 0, "checkpoint.every": 2}))
+    train(tiny_config(tmp_path / "b", steps=2, **{"eval.every": 0, "checkpoint.every": 2}))  # then "killed"
+    resumed = train(tiny_config(tmp_path / "b", steps=4, **{"eval.every": 0, "checkpoint.every": 2}))
     for a, b in zip(jax.tree.leaves(straight["state"].params), jax.tree.leaves(resumed["state"].params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     drop = ("time/", )
@@ -104,6 +105,7 @@ def test_dapo_dynamic_sampling_trains_only_on_groups_of_mixed_success(tmp_path, 
     assert sum(h["rollout/dropped_groups"] for h in hist) >= 1
 
 
+@pytest.mark.slow
 def test_export_reloads_in_transformers_with_equal_logits(tmp_path):
     import subprocess, sys
     train(tiny_config(tmp_path / "run", steps=1, **{"eval.every": 0, "checkpoint.every": 1}))
