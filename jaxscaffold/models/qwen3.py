@@ -15,7 +15,6 @@ Entry points:
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
@@ -246,30 +245,15 @@ def apply_rope(x_BTHK, cos_BTK, sin_BTK):
     return out.astype(x_BTHK.dtype)
 
 
-_FEW_ROWS = 32  # up to this many rows, `decode_layout` matmuls produce their output out-major
-
-
 def _matmul(x, w, dtype):
     """x @ w with inputs in `dtype`, accumulated and returned in (at least) f32. `w` is
     [in, out], or a tuple of [out_block, in] blocks of its transpose (`decode_layout`)."""
     acc = _acc(dtype)
-    if not isinstance(w, tuple):
-        return jnp.einsum("...d,df->...f", x.astype(dtype), w.astype(dtype), preferred_element_type=acc)
-    lead, rows = x.shape[:-1], math.prod(x.shape[:-1])
-    x_RD = x.reshape(rows, x.shape[-1]).astype(dtype)
-    parts = []
-    for block_FD in w:
-        if rows <= _FEW_ROWS:
-            # A decode step's few rows: XLA:CPU's dot streams the weights about twice as fast
-            # when they are the left operand and the output is [out, rows] (measured at 8 rows x
-            # 768 -> 8192, f32: 1.9 ms against 3.8 ms); the barrier keeps XLA from folding the
-            # small transpose back into the dot's layout.
-            out_FR = jnp.einsum("fd,rd->fr", block_FD.astype(dtype), x_RD, preferred_element_type=acc)
-            parts.append(jax.lax.optimization_barrier(out_FR).T)
-        else:
-            parts.append(jnp.einsum("rd,fd->rf", x_RD, block_FD.astype(dtype), preferred_element_type=acc))
-    out_RF = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
-    return out_RF.reshape(*lead, out_RF.shape[-1])
+    if isinstance(w, tuple):
+        parts = [jnp.einsum("...d,fd->...f", x.astype(dtype), block.astype(dtype), preferred_element_type=acc)
+                 for block in w]
+        return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
+    return jnp.einsum("...d,df->...f", x.astype(dtype), w.astype(dtype), preferred_element_type=acc)
 
 
 def _dot(x, w, dtype):
