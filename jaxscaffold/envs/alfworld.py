@@ -334,10 +334,11 @@ def _translate_each_game_once(fast_downward) -> None:
     is built, and `PddlEnv` builds one on load and another on every reset: about 80% of a reset
     (0.4-2 s a game here), repeated for every rollout of a group. The translation is a pure
     function of the domain and problem texts, and TextWorld only reads the task it returns, so
-    each game is translated once. Bounded: a few hundred KB a game, the most recent games kept.
+    each game is translated once. Bounded: the 16 most recent translations (two a game, about
+    1 MB each; a group's rollouts reset the same game one after another).
     """
     if not hasattr(fast_downward.pddl2sas, "cache_info"):
-        fast_downward.pddl2sas = functools.lru_cache(maxsize=64)(fast_downward.pddl2sas)
+        fast_downward.pddl2sas = functools.lru_cache(maxsize=16)(fast_downward.pddl2sas)
 
 
 class ALFWorldEnv:

@@ -301,7 +301,10 @@ def test_reset_same_game_starts_fresh(env, unseen):
     walkthrough = first.privileged["walkthrough"]
     for action in walkthrough[:2]:
         assert not env.step(action).info["invalid"]
+    import fast_downward
+    translated = fast_downward.pddl2sas.cache_info().misses
     again = env.reset(task)  # the same game: the engine state is rebuilt, not re-parsed
+    assert fast_downward.pddl2sas.cache_info().misses == translated  # nor its PDDL re-translated
     assert again.text == first.text
     assert again.privileged["admissible_commands"] == first.privileged["admissible_commands"]
     assert again.privileged["next_walkthrough_action"] == walkthrough[0]
