@@ -169,8 +169,27 @@ def cache_attention(q_BTHK, k_BGSK, v_BGSK, mask_BTS):
     (read as it lies: batch axes leading, no transposed copy); scores and softmax in f32."""
     acc = _acc(q_BTHK.dtype)
     q = _grouped_queries(q_BTHK, k_BGSK.shape[1])
+    if q.shape[2] == 1:  # one new token (a decode step): see _one_query_attention
+        return _one_query_attention(q[:, :, 0], k_BGSK, v_BGSK, mask_BTS[:, 0]).reshape(q_BTHK.shape)
     scores = jnp.einsum("bgtrd,bgsd->bgtrs", q, k_BGSK, preferred_element_type=acc)
     scores = jnp.where(mask_BTS[:, None, :, None, :], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_BGSK.dtype)
     out = jnp.einsum("bgtrs,bgsd->bgtrd", probs, v_BGSK, preferred_element_type=acc)
     return out.transpose(0, 2, 1, 3, 4).reshape(q_BTHK.shape).astype(q_BTHK.dtype)
+
+
+def _one_query_attention(q_BGRK, k_BGSK, v_BGSK, mask_BS):
+    """cache_attention of a single query position, as one batched matrix-vector product per
+    query head of a group instead of one batched matrix product: XLA:CPU emits matrix-vector
+    products inline, while each small batched matrix product is a library call per batch
+    element (measured, ~100M model at batch 8, window 256: decode step 42 -> 36 ms).
+    Returns out_BGRK in q's dtype."""
+    acc = _acc(q_BGRK.dtype)
+    heads = range(q_BGRK.shape[2])
+    scores_BGRS = jnp.stack([jnp.einsum("bgsd,bgd->bgs", k_BGSK, q_BGRK[:, :, r], preferred_element_type=acc)
+                             for r in heads], axis=2)
+    scores_BGRS = jnp.where(mask_BS[:, None, None, :], scores_BGRS, _MASKED)
+    probs_BGRS = jax.nn.softmax(scores_BGRS, axis=-1).astype(v_BGSK.dtype)
+    out_BGRK = jnp.stack([jnp.einsum("bgs,bgsd->bgd", probs_BGRS[:, :, r], v_BGSK, preferred_element_type=acc)
+                          for r in heads], axis=2)
+    return out_BGRK.astype(q_BGRK.dtype)
