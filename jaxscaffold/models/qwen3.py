@@ -274,6 +274,7 @@ def _matmul(x, w, dtype):
         # from folding the small transpose back into the dot.
         padded = -(-rows // _ROW_PANEL) * _ROW_PANEL
         x_RD = jnp.pad(x_RD, ((0, padded - rows), (0, 0)))
+
         def panel(block_FD, i):  # barrier per panel: XLA would otherwise merge the dots
             out_FP = jnp.einsum("fd,pd->fp", block_FD.astype(dtype), x_RD[i:i + _ROW_PANEL],
                                 preferred_element_type=acc)
