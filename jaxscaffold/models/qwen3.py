@@ -258,12 +258,12 @@ def _matmul(x, w, dtype):
         return jnp.einsum("...d,df->...f", x.astype(dtype), w.astype(dtype), preferred_element_type=acc)
     lead, rows = x.shape[:-1], math.prod(x.shape[:-1])
     x_RD = x.reshape(rows, x.shape[-1]).astype(dtype)
+    w = tuple(block_FD.astype(dtype) for block_FD in w)  # once per block, not per panel
     if rows == 1 or rows > _FEW_ROWS:
         # One row (batch 1, e.g. the chat server) takes XLA's matrix-vector kernel, which is
         # faster still (~100M model: 27 vs 38 ms a step); it may round differently in the last
         # bits from the same row decoded among others.
-        parts = [jnp.einsum("rd,fd->rf", x_RD, block_FD.astype(dtype), preferred_element_type=acc)
-                 for block_FD in w]
+        parts = [jnp.einsum("rd,fd->rf", x_RD, block_FD, preferred_element_type=acc) for block_FD in w]
     else:
         # A decode step's few rows. XLA:CPU streams the weights about twice as fast when they
         # are the dot's left operand and its output is [out, rows] (8 rows x 768 -> 4096, 24
@@ -276,8 +276,7 @@ def _matmul(x, w, dtype):
         x_RD = jnp.pad(x_RD, ((0, padded - rows), (0, 0)))
 
         def panel(block_FD, i):  # barrier per panel: XLA would otherwise merge the dots
-            out_FP = jnp.einsum("fd,pd->fp", block_FD.astype(dtype), x_RD[i:i + _ROW_PANEL],
-                                preferred_element_type=acc)
+            out_FP = jnp.einsum("fd,pd->fp", block_FD, x_RD[i:i + _ROW_PANEL], preferred_element_type=acc)
             return jax.lax.optimization_barrier(out_FP).T
 
         parts = [jnp.concatenate([panel(block_FD, i) for i in range(0, padded, _ROW_PANEL)])[:rows]
