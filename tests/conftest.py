@@ -1,26 +1,59 @@
 """Test-wide setup: 8 fake CPU devices for sharding tests (must precede importing jax)."""
 
 import os
+import subprocess
+import sys
 
-# Tests run small models, where XLA:CPU's compile time dominates; LLVM's -O0 codegen compiles
-# a train step of the test model in 4.5 s instead of 8.3 s (dots still run in their libraries).
-# Not `--xla_cpu_use_fusion_emitters=false` (2.3 s): its programs, loaded back from the
-# persistent cache below, crashed the sharded train-step test. Test subprocesses that set
-# their own XLA_FLAGS add these (JAXSCAFFOLD_TEST_XLA_FLAGS).
-os.environ.setdefault("JAXSCAFFOLD_TEST_XLA_FLAGS", "--xla_backend_optimization_level=0")
+import pytest
+
+# Tests run small models, where XLA:CPU's compile time dominates. Two flags cut it: LLVM's -O0
+# codegen (dots still run in their libraries), and XLA:CPU's classic loop emitters instead of
+# its fusion emitters (a train step of the test model compiles in 1.1 s instead of 2.9 s; run
+# times are about the same). Test subprocesses that set their own XLA_FLAGS add these
+# (JAXSCAFFOLD_TEST_XLA_FLAGS).
+#
+# The classic emitters round some fused reductions differently by batch size, so properties
+# of exact rounding (a row samples the same tokens whatever batch it is decoded in, which
+# multi-host rollouts rely on) are checked with XLA's default emitters, as a run compiles
+# them: `@pytest.mark.default_emitters` tests run in a subprocess with
+# JAXSCAFFOLD_EXACT_XLA_FLAGS, and test subprocesses that compare such runs use those flags.
+os.environ.setdefault("JAXSCAFFOLD_EXACT_XLA_FLAGS", "--xla_backend_optimization_level=0")
+os.environ.setdefault("JAXSCAFFOLD_TEST_XLA_FLAGS",
+                      os.environ["JAXSCAFFOLD_EXACT_XLA_FLAGS"] + " --xla_cpu_use_fusion_emitters=false")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 " + os.environ["JAXSCAFFOLD_TEST_XLA_FLAGS"])
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# No persistent compilation cache: programs compiled with the classic emitters and loaded back
+# from it deadlock in their collectives now and then (the sharded train-step test on 8 fake
+# devices: "Termination timeout for all reduce ... only 3 of 4 threads arrived", 3 runs in 7
+# with a warm cache, none in 5 without). Almost every test compiles programs of its own, so
+# the cache saved little (137 s of compile over a whole run, before the flag above).
+os.environ.setdefault("JAX_ENABLE_COMPILATION_CACHE", "false")
 
-# Many tests build the same programs (samplers, train steps and initialisers of the same small
-# models); JAX's persistent compilation cache compiles each once per run. Set here, before
-# pytest-xdist starts its workers, so they and the test subprocesses share it; its file lock
-# (on when a maximum size is set) keeps concurrent readers and writers safe.
-_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".pytest_cache", "jax-compile")
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 * 2**30))
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_IN_SUBPROCESS = "JAXSCAFFOLD_TEST_SUBPROCESS"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "default_emitters: runs in a subprocess compiled with XLA:CPU's "
+                                       "default emitters (tests of exact, batch-independent rounding)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """Runs a `default_emitters` test in a pytest subprocess with JAXSCAFFOLD_EXACT_XLA_FLAGS."""
+    if pyfuncitem.get_closest_marker("default_emitters") is None or os.environ.get(_IN_SUBPROCESS):
+        return None
+    flags = os.environ["JAXSCAFFOLD_EXACT_XLA_FLAGS"]
+    env = dict(os.environ, JAXSCAFFOLD_TEST_XLA_FLAGS=flags, **{_IN_SUBPROCESS: "1"},
+               XLA_FLAGS="--xla_force_host_platform_device_count=8 " + flags)
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                          pyfuncitem.nodeid], cwd=_ROOT, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.fail(f"in a subprocess with XLA_FLAGS={env['XLA_FLAGS']!r}:\n{out.stdout[-4000:]}{out.stderr[-2000:]}",
+                    pytrace=False)
+    return True
 
 
 def pytest_collection_modifyitems(items):

@@ -20,9 +20,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(n, out):
+def _env(exact: bool = False) -> dict:
+    """The workers' environment; `exact`: XLA's default emitters (tests/conftest.py), for runs
+    whose sampled tokens must not depend on how many rows a process decodes together."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_COORDINATOR_ADDRESS")}
     env["PYTHONPATH"] = ROOT
+    if exact:
+        env["JAXSCAFFOLD_TEST_XLA_FLAGS"] = os.environ["JAXSCAFFOLD_EXACT_XLA_FLAGS"]
+    return env
+
+
+def _run(n, out):
+    env = _env()
     port = str(_free_port())
     procs = [subprocess.Popen([sys.executable, WORKER, str(i), str(n), port, out], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(n)]
@@ -46,8 +55,7 @@ LOOP_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihos
 
 
 def _run_loop(n, out):
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_COORDINATOR_ADDRESS")}
-    env["PYTHONPATH"] = ROOT
+    env = _env(exact=True)
     port = str(_free_port())
     os.makedirs(out, exist_ok=True)
     procs = [subprocess.Popen([sys.executable, LOOP_WORKER, str(i), str(n), port, out], env=env,

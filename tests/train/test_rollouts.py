@@ -112,6 +112,7 @@ def test_complete_rows_keep_their_seeds_when_split(params):
     assert [c.ids for c, _ in tail] == [c.ids for c, _ in whole[2:]]
 
 
+@pytest.mark.default_emitters
 def test_episodes_keep_their_samples_when_split_by_episode_ids(params, monkeypatch):
     """What multi-host rollouts rely on: episodes run in two calls (each passing the global
     episode ids of its share, at its own batch size) sample exactly what one call samples,
