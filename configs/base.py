@@ -23,6 +23,7 @@ def get_config() -> ConfigDict:
     c.mesh.data = -1  # pure data parallelism (-1: all remaining devices)
     c.mesh.fsdp = 1  # data parallel with sharded parameters and optimizer state
     c.mesh.tensor = 1  # tensor parallelism over heads / MLP / vocab
+    c.mesh.devices = 0  # the first n devices only (0: all); one process only, e.g. to leave some free
 
     c.rl = ConfigDict()
     c.rl.algorithm = "grpo"  # grpo | dapo | gspo | drgrpo (jaxscaffold.rl.presets)

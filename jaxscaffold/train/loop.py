@@ -492,9 +492,20 @@ def shaped_rewards(episodes: Sequence[Episode], algo, max_new_tokens: int) -> tu
 # ----------------------------------------------------------------------------- the job
 
 
+def mesh_devices(cfg) -> list | None:
+    """`config.mesh.devices`: the first n devices (None: all of them)."""
+    n = cfg.mesh.get("devices", 0)
+    if not n or n == jax.device_count():
+        return None
+    if jax.process_count() > 1 or not 0 < n <= jax.device_count():
+        raise ValueError(f"config.mesh.devices={n}: a subset of the devices needs 1 <= n <= "
+                         f"{jax.device_count()} and one process (have {jax.process_count()})")
+    return jax.devices()[:n]
+
+
 def _job(cfg) -> tuple[Job, Any]:
     maybe_initialize_distributed()
-    mesh = make_mesh(MeshConfig(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor))
+    mesh = make_mesh(MeshConfig(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor), mesh_devices(cfg))
     model_config, params = build_model(cfg, mesh)
     tokenizer = load_tokenizer(_tokenizer_path(cfg.model))
     r, c = cfg.rl, cfg.rollout

@@ -38,7 +38,7 @@ cfg = tiny_config(os.path.join(out, "run"), steps=2, **{
     "rollout.tasks_per_step": 4, "rollout.group_size": 2, "rollout.temperature": 1.0,
     "rollout.max_turns": 3, "rollout.max_len": 256, "envs.train": "coin", "envs.eval": "coin",
     "feedback.schedule": "bandit", "feedback.bandit_signal": "success",
-    "eval.every": 2, "eval.tasks": 4, "checkpoint.every": 2})
+    "eval.every": 2, "eval.tasks": 4, "checkpoint.every": 2, "mesh.devices": 0})
 result = train(cfg, workload=Recording)
 assert jax.process_count() == num_processes and jax.device_count() == 2
 with open(os.path.join(out, f"process{process_id}.json"), "w") as f:
@@ -55,7 +55,7 @@ if num_processes > 1:
     cfg = tiny_config(os.path.join(out, "dapo"), steps=2, **{
         "rl.algorithm": "dapo", "rollout.tasks_per_step": 4, "rollout.group_size": 4,
         "rollout.max_turns": 3, "rollout.max_len": 256, "envs.train": "coin", "envs.eval": "coin",
-        "eval.every": 0, "checkpoint.every": 2})
+        "eval.every": 0, "checkpoint.every": 2, "mesh.devices": 0})
     result = train(cfg, workload=Recording)
     won = {}
     for step, group, _, _, success in ran:  # the kept episodes' success by group

@@ -71,6 +71,8 @@ def test_every_enrichment_is_logged_counted_and_group_consistent(tmp_path, monke
 
 @pytest.mark.slow
 def test_bandit_schedule_logs_its_arms_and_resumes_identically(tmp_path, monkeypatch):
+    """A run killed after step 3 (its last checkpoint at step 2) and resumed ends with exactly
+    the parameters, metrics and logs of an uninterrupted run, the bandit's posterior included."""
     toy_envs.register(monkeypatch)
     over = {"feedback.schedule": "bandit", "feedback.probability": 1.0, "checkpoint.every": 2}
     straight = train(coin_config(tmp_path / "a", steps=4, **over))
