@@ -111,12 +111,18 @@ def _micro_batches(batch: dict, n: int) -> dict:
     return jax.tree.map(split, batch)
 
 
-def make_train_step(model_config: Qwen3Config, algo: AlgorithmConfig, optimizer: optax.GradientTransformation,
+Optimizer = optax.GradientTransformation | OptimizerConfig
+
+
+def make_train_step(model_config: Qwen3Config, algo: AlgorithmConfig, optimizer: Optimizer,
                     *, num_micro_batches: int = 1, agg_constant: float | None = None, logprob_chunk: int | None = None,
                     mesh=None, rules: ShardingRules = DEFAULT_RULES, with_reference: bool = False,
                     score_masked_only: bool = True) -> Callable:
     """Builds `train_step(state, batch[, ref_params]) -> (state, metrics)`, jitted.
 
+    `optimizer`: an optax transformation, or an `OptimizerConfig` (the same transformation as
+    its `make()`; equal configs share compiled steps, so a run that builds its step anew, a
+    resumed job or the next test, compiles nothing again).
     `logprob_chunk` is the sequence positions per logprob chunk (default: about 1024 tokens
     of the micro-batch, i.e. ~600 MB of f32 logits at Qwen3's vocabulary).
     With a mesh, the step has explicit in/out shardings (parameters and optimizer state as
@@ -127,19 +133,18 @@ def make_train_step(model_config: Qwen3Config, algo: AlgorithmConfig, optimizer:
     """
     if algo.kl_coef and not with_reference:
         raise ValueError(f"{algo.name}: kl_coef={algo.kl_coef} needs with_reference=True (frozen reference params)")
-    loss_kwargs = algo.loss_kwargs()
+    return _train_step(_Step(model_config, PolicyObjective(algo, agg_constant, logprob_chunk), optimizer,
+                             num_micro_batches, mesh, rules, with_reference), score_masked_only)
 
-    def micro_loss(params, mb, denominators, ref_params, num_positions):
-        logp, entropy = _logprobs(params, model_config, mb, num_positions, logprob_chunk)
-        ref_logp = None
-        if ref_params is not None:
-            ref_logp = jax.lax.stop_gradient(_logprobs(ref_params, model_config, mb, num_positions, logprob_chunk)[0])
-        return policy_loss(logp, mb["old_logp_BT"], mb["adv_B"], mb["loss_mask_BT"], ref_logp_BT=ref_logp,
-                           entropy_BT=entropy, agg_constant=agg_constant, denominators=denominators,
-                           **loss_kwargs)
 
-    return _jitted_step(model_config, optimizer, micro_loss, num_micro_batches=num_micro_batches, mesh=mesh,
-                        rules=rules, with_reference=with_reference, score_masked_only=score_masked_only)
+def make_sft_step(model_config: Qwen3Config, optimizer: Optimizer, *,
+                  num_micro_batches: int = 1, logprob_chunk: int | None = None, mesh=None,
+                  rules: ShardingRules = DEFAULT_RULES, score_masked_only: bool = True) -> Callable:
+    """`sft_step(state, batch) -> (state, metrics)`: token-level cross-entropy on the masked
+    tokens (mean over all of the batch's masked tokens), the same state, batch layout,
+    sharding, accumulation and non-finite guard as `make_train_step`; adv / old_logp unused."""
+    return _train_step(_Step(model_config, SFTObjective(logprob_chunk), optimizer, num_micro_batches, mesh,
+                             rules, with_reference=False), score_masked_only)
 
 
 def _logprobs(params, config, mb, num_positions, logprob_chunk):
@@ -153,88 +158,136 @@ def _logprobs(params, config, mb, num_positions, logprob_chunk):
                                  segment_ids_BT=mb["segment_ids_BT"], chunk=chunk)
 
 
-def make_sft_step(model_config: Qwen3Config, optimizer: optax.GradientTransformation, *,
-                  num_micro_batches: int = 1, logprob_chunk: int | None = None, mesh=None,
-                  rules: ShardingRules = DEFAULT_RULES, score_masked_only: bool = True) -> Callable:
-    """`sft_step(state, batch) -> (state, metrics)`: token-level cross-entropy on the masked
-    tokens (mean over all of the batch's masked tokens), the same state, batch layout,
-    sharding, accumulation and non-finite guard as `make_train_step`; adv / old_logp unused."""
+@dataclasses.dataclass(frozen=True)
+class PolicyObjective:
+    """The RL policy loss of an algorithm (`rl.losses.policy_loss`) on a micro-batch."""
 
-    def micro_loss(params, mb, denominators, ref_params, num_positions):
+    algo: AlgorithmConfig
+    agg_constant: float | None = None
+    logprob_chunk: int | None = None
+
+    def __call__(self, config, params, mb, denominators, ref_params, num_positions):
+        logp, entropy = _logprobs(params, config, mb, num_positions, self.logprob_chunk)
+        ref_logp = None
+        if ref_params is not None:
+            ref_logp = jax.lax.stop_gradient(_logprobs(ref_params, config, mb, num_positions, self.logprob_chunk)[0])
+        return policy_loss(logp, mb["old_logp_BT"], mb["adv_B"], mb["loss_mask_BT"], ref_logp_BT=ref_logp,
+                           entropy_BT=entropy, agg_constant=self.agg_constant, denominators=denominators,
+                           **self.algo.loss_kwargs())
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTObjective:
+    """Token-level cross-entropy on the masked tokens, over all of the batch's masked tokens."""
+
+    logprob_chunk: int | None = None
+
+    def __call__(self, config, params, mb, denominators, ref_params, num_positions):
         del ref_params
-        logp, entropy = _logprobs(params, model_config, mb, num_positions, logprob_chunk)
+        logp, entropy = _logprobs(params, config, mb, num_positions, self.logprob_chunk)
         mask = mb["loss_mask_BT"].astype(jnp.float32)
         n = jnp.maximum(denominators["tokens"], 1.0)
         nll = -jnp.sum(jnp.where(mask > 0, logp, 0.0)) / n
         return nll, {"loss": nll, "nll": nll, "entropy": jnp.sum(jnp.where(mask > 0, entropy, 0.0)) / n}
 
-    return _jitted_step(model_config, optimizer, micro_loss, num_micro_batches=num_micro_batches, mesh=mesh,
-                        rules=rules, with_reference=False, score_masked_only=score_masked_only)
+
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    """Everything a compiled step depends on besides its arguments' shapes. Hashable (an optax
+    transformation by identity, an OptimizerConfig by value), so equal steps share programs."""
+
+    model_config: Qwen3Config
+    objective: PolicyObjective | SFTObjective
+    optimizer: Optimizer
+    num_micro_batches: int
+    mesh: Any
+    rules: ShardingRules
+    with_reference: bool
+
+    @property
+    def transformation(self) -> optax.GradientTransformation:
+        opt = self.optimizer
+        return opt.make() if isinstance(opt, OptimizerConfig) else opt
 
 
-def _jitted_step(model_config, optimizer, micro_loss, *, num_micro_batches, mesh, rules, with_reference,
-                 score_masked_only):
-    """The optimizer step around a micro-batch loss: exact accumulation over micro-batches
-    (every loss term divides by the full batch's counts), a skipped non-finite step, jit with
-    explicit shardings and the state donated; one compiled program per scored-positions bucket."""
-    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+def _update(step: _Step, num_positions, state: TrainState, batch: dict, ref_params=None):
+    """The optimizer step around the micro-batch loss: exact accumulation over micro-batches
+    (every loss term divides by the full batch's counts) and a skipped non-finite step."""
+    batch = {k: batch[k] for k in BATCH_AXES}
+    denominators = loss_denominators(batch["loss_mask_BT"])
+    loss_fn = functools.partial(step.objective, step.model_config)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
-    def step(num_positions, state: TrainState, batch: dict, ref_params=None):
-        batch = {k: batch[k] for k in BATCH_AXES}
-        denominators = loss_denominators(batch["loss_mask_BT"])
-        micro = _micro_batches(batch, num_micro_batches)
+    def grads_and_metrics(mb):
+        (_, m), g = grad_fn(state.params, mb, denominators, ref_params, num_positions)
+        return g, m
+
+    if step.num_micro_batches == 1:
+        grads, metrics = grads_and_metrics(batch)
+    else:
+        # One scan over the micro-batches from an empty sum (so the program holds one copy of
+        # the forward and backward pass): 0 + g equals g exactly, and min / max metrics start
+        # from +-inf, so the sums are those of one big batch's terms.
+        micro = _micro_batches(batch, step.num_micro_batches)
+        shapes = jax.eval_shape(grads_and_metrics, jax.tree.map(lambda x: x[0], micro))
+        empty = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        empty[1].update({k: jnp.full(shapes[1][k].shape, _EMPTY[k], shapes[1][k].dtype)
+                         for k in _EMPTY if k in shapes[1]})
 
         def accumulate(carry, mb):
             grads, metrics = carry
-            (_, m), g = grad_fn(state.params, mb, denominators, ref_params, num_positions)
+            g, m = grads_and_metrics(mb)
             merged = {k: _MERGE.get(k, jnp.add)(metrics[k], v) for k, v in m.items()}
             return (jax.tree.map(jnp.add, grads, g), merged), None
 
-        first = jax.tree.map(lambda x: x[0], micro)
-        (_, metrics), grads = grad_fn(state.params, first, denominators, ref_params, num_positions)
-        if num_micro_batches > 1:
-            rest = jax.tree.map(lambda x: x[1:], micro)
-            (grads, metrics), _ = jax.lax.scan(accumulate, (grads, metrics), rest)
+        (grads, metrics), _ = jax.lax.scan(accumulate, empty, micro)
 
-        grad_norm = optax.global_norm(grads)
-        finite = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"])
-        updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
-        new_params = optax.apply_updates(state.params, updates)
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
-        new_state = TrainState(
-            step=state.step + finite.astype(jnp.int32), params=keep(new_params, state.params),
-            opt_state=keep(new_opt, state.opt_state), skipped=state.skipped + (~finite).astype(jnp.int32))
-        metrics = dict(metrics, grad_norm=grad_norm, skipped=(~finite).astype(jnp.float32),
-                       tokens=denominators["tokens"])
-        return new_state, metrics
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(grad_norm) & jnp.isfinite(metrics["loss"])
+    updates, new_opt = step.transformation.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+    new_state = TrainState(
+        step=state.step + finite.astype(jnp.int32), params=keep(new_params, state.params),
+        opt_state=keep(new_opt, state.opt_state), skipped=state.skipped + (~finite).astype(jnp.int32))
+    metrics = dict(metrics, grad_norm=grad_norm, skipped=(~finite).astype(jnp.float32),
+                   tokens=denominators["tokens"])
+    return new_state, metrics
 
-    if mesh is None:
-        shardings = {}
-    else:
-        st_sh = state_shardings(model_config, optimizer, mesh, rules)
-        in_sh = (st_sh, batch_shardings(mesh, rules)) + ((st_sh.params,) if with_reference else ())
-        shardings = dict(in_shardings=in_sh, out_shardings=(st_sh, NamedSharding(mesh, PartitionSpec())))
-    compiled: dict = {}
 
-    def program(num_positions):
-        if num_positions not in compiled:
-            fn = functools.partial(step, num_positions)
-            if not with_reference:
-                fn = (lambda f: lambda state, batch: f(state, batch))(fn)
-            compiled[num_positions] = jax.jit(fn, donate_argnums=(0,), **shardings)
-        return compiled[num_positions]
+@functools.lru_cache(maxsize=64)
+def _program(step: _Step, num_positions: int | None):
+    """The jitted update of one scored-positions bucket, explicit shardings, state donated
+    (memoised: a jitted function keeps its compiled executables)."""
+    shardings = {}
+    if step.mesh is not None:
+        st_sh = state_shardings(step.model_config, step.transformation, step.mesh, step.rules)
+        in_sh = (st_sh, batch_shardings(step.mesh, step.rules)) + ((st_sh.params,) if step.with_reference else ())
+        shardings = dict(in_shardings=in_sh, out_shardings=(st_sh, NamedSharding(step.mesh, PartitionSpec())))
+    fn = functools.partial(_update, step, num_positions)
+    if not step.with_reference:
+        fn = (lambda f: lambda state, batch: f(state, batch))(fn)
+    return jax.jit(fn, donate_argnums=(0,), **shardings)
 
-    max_masked = jax.jit(lambda m: jnp.max(jnp.sum(m > 0, axis=1)))
 
+@jax.jit
+def _max_masked(mask_BT):
+    return jnp.max(jnp.sum(mask_BT > 0, axis=1))
+
+
+def _train_step(step: _Step, score_masked_only: bool) -> Callable:
     def train_step(state, batch, *ref_params):
         num_positions = None
         if score_masked_only:
             t = batch["tokens_BT"].shape[1]
-            num_positions = min(t, pow2_bucket(int(max_masked(batch["loss_mask_BT"])), 16))
-        return program(num_positions)(state, batch, *ref_params)
+            num_positions = min(t, pow2_bucket(int(_max_masked(batch["loss_mask_BT"])), 16))
+        program = _program(step, num_positions)
+        train_step.programs[num_positions] = program  # the variants this step used (tests count them)
+        return program(state, batch, *ref_params)
 
-    train_step.programs = compiled  # the compiled variants (tests count them)
+    train_step.programs = {}
     return train_step
 
 
 _MERGE = {"ratio_min": jnp.minimum, "ratio_max": jnp.maximum}  # every other metric is a sum
+_EMPTY = {"ratio_min": jnp.inf, "ratio_max": -jnp.inf}  # what the merge starts from (else 0)

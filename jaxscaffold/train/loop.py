@@ -510,11 +510,13 @@ def _job(cfg) -> tuple[Job, Any]:
     tokenizer = load_tokenizer(_tokenizer_path(cfg.model))
     r, c = cfg.rl, cfg.rollout
     algo = preset(r.algorithm, kl_coef=r.kl_coef, entropy_coef=r.entropy_coef)
-    opt = OptimizerConfig(lr=r.lr, weight_decay=r.weight_decay, grad_clip=r.grad_clip,
-                          warmup_steps=r.warmup_steps).make()
+    opt_config = OptimizerConfig(lr=r.lr, weight_decay=r.weight_decay, grad_clip=r.grad_clip,
+                                 warmup_steps=r.warmup_steps)
+    opt = opt_config.make()
     data_parallel = mesh.shape["data"] * mesh.shape["fsdp"]
     with_reference = bool(algo.kl_coef)
-    step_fn = make_train_step(model_config, algo, opt, num_micro_batches=r.micro_batches, mesh=mesh,
+    # The config (not `opt`) names the optimizer: equal configs share the compiled step.
+    step_fn = make_train_step(model_config, algo, opt_config, num_micro_batches=r.micro_batches, mesh=mesh,
                               agg_constant=float(c.max_new_tokens * c.max_turns), with_reference=with_reference)
     shardings = state_shardings(model_config, opt, mesh)
     # The reference is a copy (the state's parameters are donated to each step).

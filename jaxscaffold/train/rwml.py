@@ -203,9 +203,9 @@ def sft_on(job: loop.Job, params, triples: Sequence[Triple], *, steps: int, batc
            seed: int, logger: MetricLogger | None = None, prefix: str = "sft"):
     """`steps` SFT steps on the real next states of `triples` (batches drawn with replacement
     after a shuffle); returns the new parameters (the input ones are left untouched)."""
-    opt = OptimizerConfig(lr=lr, weight_decay=0.0, grad_clip=job.cfg.rl.grad_clip).make()
+    opt = OptimizerConfig(lr=lr, weight_decay=0.0, grad_clip=job.cfg.rl.grad_clip)
     step_fn = make_sft_step(job.model_config, opt, num_micro_batches=job.cfg.rl.micro_batches, mesh=job.mesh)
-    state = init_train_state(jax.tree.map(jnp.copy, params), opt)  # the step donates its state
+    state = init_train_state(jax.tree.map(jnp.copy, params), opt.make())  # the step donates its state
     chat = Qwen3ChatRenderer(job.tokenizer)
     pcfg = _prompt_config(job.cfg)
     rng = np.random.default_rng(seed)

@@ -217,3 +217,23 @@ def test_kl_needs_a_reference_and_reference_changes_the_loss():
     _, m_same = step(init_train_state(_params(), opt), batch, _params())
     _, m_other = step(init_train_state(_params(), opt), batch, _params(seed=1))
     assert abs(float(m_same["kl"])) < 1e-6 and float(m_other["kl"]) > 1e-3
+
+
+def test_equal_steps_share_their_compiled_program():
+    """An OptimizerConfig names the optimizer by value: a step built again with an equal config
+    (a new run in the same process) reuses the compiled program and updates exactly as the
+    transformation its `make()` returns."""
+    config = OptimizerConfig(lr=1e-2, warmup_steps=1)
+    a, b = (make_train_step(CONFIG, preset("grpo"), OptimizerConfig(lr=1e-2, warmup_steps=1)) for _ in range(2))
+    by_transformation = make_train_step(CONFIG, preset("grpo"), config.make())
+    outs = []
+    for step in (a, b, by_transformation):
+        state = init_train_state(jax.tree.map(jnp.copy, _params()), config.make())
+        for seed in (3, 4):  # past the warmup: the schedule and Adam's moments matter
+            state, _ = step(state, _batch(seed))
+        outs.append(state.params)
+    assert list(a.programs.values())[0] is list(b.programs.values())[0]
+    assert list(a.programs.values())[0] is not list(by_transformation.programs.values())[0]
+    for p in outs[1:]:
+        for x, y in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(p)):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
