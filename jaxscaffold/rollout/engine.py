@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import os
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -75,6 +76,100 @@ def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
     return tuple(out) + (hi,)
 
 
+@dataclasses.dataclass(frozen=True)
+class Programs:
+    """Everything a sampler's compiled programs depend on besides the shapes of their
+    arguments. Hashable: samplers with equal settings share one set of compiled programs in a
+    process (a training run builds its samplers anew, a test suite many times over)."""
+
+    config: Qwen3Config
+    sampling: SamplingConfig
+    stop_ids: tuple[int, ...]
+    layout: str  # per_layer | stacked
+    column_blocks: int
+    mesh: Any = None
+    rules: ShardingRules = DEFAULT_RULES
+
+    def weights(self, params):
+        """The parameters in this layout (a no-op on `prepare`d ones)."""
+        if self.layout == "per_layer":
+            return qwen3.decode_layout(params, self.config, self.column_blocks)
+        return params
+
+    def state_shardings(self):
+        """Shardings of the SamplerState (None without a mesh)."""
+        if self.mesh is None:
+            return None
+        r, m = self.rules, self.mesh
+        if self.layout == "per_layer":
+            kv = (r.sharding(m, ("batch", "cache_heads", "cache_seq", "head_dim")),) * self.config.num_layers
+        else:
+            kv = r.sharding(m, ("layers", "batch", "cache_heads", "cache_seq", "head_dim"))
+        cache = qwen3.KVCache(k=kv, v=kv, segment_ids=r.sharding(m, ("batch", "cache_seq")),
+                              lengths=r.sharding(m, ("batch",)))
+        return SamplerState(cache=cache, logits_BV=r.sharding(m, ("batch", "vocab")))
+
+    def constrain(self, state: SamplerState) -> SamplerState:
+        shardings = self.state_shardings()
+        return state if shardings is None else jax.lax.with_sharding_constraint(state, shardings)
+
+
+@functools.partial(jax.jit, static_argnames=("programs",))
+def _prepare(params, *, programs: Programs):
+    return programs.weights(params)
+
+
+@functools.partial(jax.jit, static_argnames=("programs", "window"), donate_argnames=("state",))
+def _prefill(params, state: SamplerState, tokens_BT, segments_BT, *, programs: Programs, window: int):
+    c = programs.config
+    params = programs.weights(params)
+    h, cache = qwen3.hidden_states(params, c, tokens_BT, segment_ids_BT=segments_BT, cache=state.cache,
+                                   window=window)
+    n = jnp.sum(segments_BT != 0, axis=1)
+    last = jnp.take_along_axis(h, jnp.maximum(n - 1, 0)[:, None, None], axis=1)
+    new_logits = qwen3.unembed(params, c, last)[:, 0]  # only the last position: no [B, T, V]
+    logits = jnp.where((n > 0)[:, None], new_logits, state.logits_BV)
+    return programs.constrain(SamplerState(cache=cache, logits_BV=logits))
+
+
+@functools.partial(jax.jit, static_argnames=("programs", "steps", "window"), donate_argnames=("state",))
+def _decode(params, state: SamplerState, seeds_B, active_B, max_new_B, *, programs: Programs, steps: int,
+            window: int):
+    c, b = programs.config, state.logits_BV.shape[0]
+    params = programs.weights(params)
+    stop_ids = jnp.asarray(programs.stop_ids, jnp.int32)
+    base_keys = jax.vmap(jax.random.key)(seeds_B)
+
+    def cond(carry):
+        i, _, done, *_ = carry
+        return (i < steps) & ~jnp.all(done)
+
+    def body(carry):
+        i, st, done, stopped, n, toks, lp, slp = carry
+        keys = jax.vmap(jax.random.fold_in)(base_keys, st.cache.lengths)
+        tok, tok_lp, tok_slp = sample(st.logits_BV, keys, programs.sampling)
+        live = ~done
+        toks = toks.at[:, i].set(jnp.where(live, tok, 0))
+        lp = lp.at[:, i].set(jnp.where(live, tok_lp, 0.0))
+        slp = slp.at[:, i].set(jnp.where(live, tok_slp, 0.0))
+        n = n + live
+        hit = live & jnp.isin(tok, stop_ids)
+        stopped = stopped | hit
+        # Feed the sampled token so the cache always holds the whole history.
+        logits, cache = qwen3.forward(params, c, tok[:, None], segment_ids_BT=live[:, None].astype(jnp.int32),
+                                      cache=st.cache, window=window)
+        logits = jnp.where(live[:, None], logits[:, 0], st.logits_BV)
+        done = done | hit | (n >= max_new_B)
+        return i + 1, SamplerState(cache=cache, logits_BV=logits), done, stopped, n, toks, lp, slp
+
+    zeros_i = jnp.zeros((b, steps), jnp.int32)
+    zeros_f = jnp.zeros((b, steps), jnp.float32)
+    init = (jnp.int32(0), state, ~active_B | (max_new_B <= 0), jnp.zeros((b,), bool),
+            jnp.zeros((b,), jnp.int32), zeros_i, zeros_f, zeros_f)
+    _, state, _, stopped, n, toks, lp, slp = jax.lax.while_loop(cond, body, init)
+    return programs.constrain(state), (toks, lp, slp, n, stopped)
+
+
 class Sampler:
     """Jitted prefill and decode over a fixed set of cache slots.
 
@@ -122,26 +217,10 @@ class Sampler:
         if column_blocks is None:
             column_blocks = min(os.cpu_count() or 1, 4) if cpu and mesh is None else 1
         self.column_blocks = column_blocks if layout == "per_layer" else 1
-        self.num_traces = 0  # how many programs were traced (= compiled), for tests
-        self._prepare = jax.jit(self._weights)
-        self._prefill = jax.jit(self._prefill_fn, static_argnums=(4,), donate_argnums=(1,),
-                                out_shardings=self._state_shardings())
-        self._decode = jax.jit(self._decode_fn, static_argnums=(5, 6), donate_argnums=(1,),
-                               out_shardings=(self._state_shardings(), None))
+        self.programs = Programs(config, sampling, tuple(int(i) for i in self.stop_ids), layout,
+                                 self.column_blocks, mesh, rules)
 
     # ---------------------------------------------------------------- state
-
-    def _state_shardings(self):
-        if self.mesh is None:
-            return None
-        r, m = self.rules, self.mesh
-        if self.layout == "per_layer":
-            kv = (r.sharding(m, ("batch", "cache_heads", "cache_seq", "head_dim")),) * self.config.num_layers
-        else:
-            kv = r.sharding(m, ("layers", "batch", "cache_heads", "cache_seq", "head_dim"))
-        cache = qwen3.KVCache(k=kv, v=kv, segment_ids=r.sharding(m, ("batch", "cache_seq")),
-                              lengths=r.sharding(m, ("batch",)))
-        return SamplerState(cache=cache, logits_BV=r.sharding(m, ("batch", "vocab")))
 
     def init_state(self) -> SamplerState:
         """All slots empty."""
@@ -150,7 +229,7 @@ class Sampler:
             cache=qwen3.KVCache.empty(c, self.batch_size, self.max_len, self.cache_dtype,
                                       per_layer=self.layout == "per_layer"),
             logits_BV=jnp.zeros((self.batch_size, c.vocab_size), jnp.float32))
-        shardings = self._state_shardings()
+        shardings = self.programs.state_shardings()
         return state if shardings is None else jax.device_put(state, shardings)
 
     def lengths(self, state: SamplerState) -> np.ndarray:
@@ -172,32 +251,14 @@ class Sampler:
             return self.max_len
         return _bucket(min(needed, self.max_len), self.window_buckets, "a window")
 
-    def _weights(self, params):
-        """The parameters in this sampler's layout (a no-op on `prepare`d ones)."""
-        if self.layout == "per_layer":
-            return qwen3.decode_layout(params, self.config, self.column_blocks)
-        return params
-
     def prepare(self, params):
         """The parameters in the layout this sampler decodes with: what to pass to `extend`
         and `generate` (made once per parameter update; the stacked ones are not changed)."""
         if self.layout == "stacked" or not qwen3.is_stacked(params):
             return params
-        return self._prepare(params)
+        return _prepare(params, programs=self.programs)
 
     # ---------------------------------------------------------------- prefill
-
-    def _prefill_fn(self, params, state: SamplerState, tokens_BT, segments_BT, window: int):
-        self.num_traces += 1
-        c = self.config
-        params = self._weights(params)
-        h, cache = qwen3.hidden_states(params, c, tokens_BT, segment_ids_BT=segments_BT, cache=state.cache,
-                                       window=window)
-        n = jnp.sum(segments_BT != 0, axis=1)
-        last = jnp.take_along_axis(h, jnp.maximum(n - 1, 0)[:, None, None], axis=1)
-        new_logits = qwen3.unembed(params, c, last)[:, 0]  # only the last position: no [B, T, V]
-        logits = jnp.where((n > 0)[:, None], new_logits, state.logits_BV)
-        return SamplerState(cache=cache, logits_BV=logits)
 
     def extend(self, params, state: SamplerState, tokens: Mapping[int, Sequence[int]],
                lengths: np.ndarray | None = None) -> SamplerState:
@@ -219,7 +280,7 @@ class Sampler:
             ids[slot, : len(toks)] = toks
             seg[slot, : len(toks)] = 1
         window = self._window(max(int(lengths[slot]) + len(toks) for slot, toks in tokens.items()))
-        return self._prefill(params, state, self._put(ids), self._put(seg), window)
+        return _prefill(params, state, self._put(ids), self._put(seg), programs=self.programs, window=window)
 
     def _put(self, x: np.ndarray):
         if self.mesh is None:
@@ -227,42 +288,6 @@ class Sampler:
         return jax.device_put(x, NamedSharding(self.mesh, self.rules.spec(("batch", "seq")[: x.ndim])))
 
     # ---------------------------------------------------------------- decode
-
-    def _decode_fn(self, params, state: SamplerState, seeds_B, active_B, max_new_B, steps: int, window: int):
-        self.num_traces += 1
-        c, b = self.config, self.batch_size
-        params = self._weights(params)
-        stop_ids = jnp.asarray(self.stop_ids)
-        base_keys = jax.vmap(jax.random.key)(seeds_B)
-
-        def cond(carry):
-            i, _, done, *_ = carry
-            return (i < steps) & ~jnp.all(done)
-
-        def body(carry):
-            i, st, done, stopped, n, toks, lp, slp = carry
-            keys = jax.vmap(jax.random.fold_in)(base_keys, st.cache.lengths)
-            tok, tok_lp, tok_slp = sample(st.logits_BV, keys, self.sampling)
-            live = ~done
-            toks = toks.at[:, i].set(jnp.where(live, tok, 0))
-            lp = lp.at[:, i].set(jnp.where(live, tok_lp, 0.0))
-            slp = slp.at[:, i].set(jnp.where(live, tok_slp, 0.0))
-            n = n + live
-            hit = live & jnp.isin(tok, stop_ids)
-            stopped = stopped | hit
-            # Feed the sampled token so the cache always holds the whole history.
-            logits, cache = qwen3.forward(params, c, tok[:, None], segment_ids_BT=live[:, None].astype(jnp.int32),
-                                          cache=st.cache, window=window)
-            logits = jnp.where(live[:, None], logits[:, 0], st.logits_BV)
-            done = done | hit | (n >= max_new_B)
-            return i + 1, SamplerState(cache=cache, logits_BV=logits), done, stopped, n, toks, lp, slp
-
-        zeros_i = jnp.zeros((b, steps), jnp.int32)
-        zeros_f = jnp.zeros((b, steps), jnp.float32)
-        init = (jnp.int32(0), state, ~active_B | (max_new_B <= 0), jnp.zeros((b,), bool),
-                jnp.zeros((b,), jnp.int32), zeros_i, zeros_f, zeros_f)
-        _, state, _, stopped, n, toks, lp, slp = jax.lax.while_loop(cond, body, init)
-        return state, (toks, lp, slp, n, stopped)
 
     def generate(self, params, state: SamplerState, slots: Sequence[int], *, max_new_tokens: int,
                  seeds: Sequence[int], lengths: np.ndarray | None = None
@@ -280,8 +305,8 @@ class Sampler:
             row_seeds[slot] = np.uint32(seed % 2**32)
         steps = _bucket(max(1, int(max_new.max())), self.decode_buckets, "a decode")
         window = self._window(max(int(lengths[s]) + int(max_new[s]) for s in slots) if slots else 1)
-        state, out = self._decode(params, state, jnp.asarray(row_seeds), self._put(active),
-                                  self._put(max_new), steps, window)
+        state, out = _decode(params, state, jnp.asarray(row_seeds), self._put(active), self._put(max_new),
+                             programs=self.programs, steps=steps, window=window)
         toks, lp, slp, n, stopped = jax.device_get(out)
         results = {}
         for slot in slots:
