@@ -15,6 +15,7 @@ Entry points:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -250,12 +251,37 @@ _FEW_ROWS = 32  # from 2 to this many rows, `decode_layout` matmuls run in row p
 _ROW_PANEL = 8  # rows per panel
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _dense(x, w_DF, acc_dtype):
+    """x @ w_DF accumulated in `acc_dtype`: autodiff's own product, with the weight gradient
+    taken as x^T @ dy, x^T materialised (the smaller operand). Left to itself, XLA:CPU
+    transposes dy instead, in a strided loop fused into dy's producer, and contracts the
+    token axis of x in place: an MLP block's forward + backward, [8, 256, 768] -> 2048,
+    568 ms against 429 ms this way (PyTorch: 537 ms)."""
+    return jnp.einsum("...d,df->...f", x, w_DF, preferred_element_type=acc_dtype)
+
+
+def _dense_fwd(x, w_DF, acc_dtype):
+    return _dense(x, w_DF, acc_dtype), (x, w_DF)
+
+
+def _dense_bwd(acc_dtype, residuals, dy):
+    x, w_DF = residuals
+    dx = jnp.einsum("...f,df->...d", dy, w_DF, preferred_element_type=acc_dtype).astype(x.dtype)
+    x_DN = lax.optimization_barrier(x.reshape(-1, x.shape[-1]).T)  # barrier: XLA would fold it back
+    dw = jnp.einsum("dn,nf->df", x_DN, dy.reshape(-1, dy.shape[-1]), preferred_element_type=acc_dtype)
+    return dx, dw.astype(w_DF.dtype)
+
+
+_dense.defvjp(_dense_fwd, _dense_bwd)
+
+
 def _matmul(x, w, dtype):
     """x @ w with inputs in `dtype`, accumulated and returned in (at least) f32. `w` is
     [in, out], or a tuple of [out_block, in] blocks of its transpose (`decode_layout`)."""
     acc = _acc(dtype)
     if not isinstance(w, tuple):
-        return jnp.einsum("...d,df->...f", x.astype(dtype), w.astype(dtype), preferred_element_type=acc)
+        return _dense(x.astype(dtype), w.astype(dtype), acc)
     lead, rows = x.shape[:-1], math.prod(x.shape[:-1])
     x_RD = x.reshape(rows, x.shape[-1]).astype(dtype)
     w = tuple(block_FD.astype(dtype) for block_FD in w)  # once per block, not per panel
