@@ -1,5 +1,7 @@
 """Logit parity of our Qwen3 with transformers' PyTorch Qwen3ForCausalLM on tiny random models."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,7 +35,7 @@ def _assert_close(ours, ref, tol=1e-4):
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-@pytest.mark.parametrize("seq_len", [1, 7, 33])
+@pytest.mark.parametrize("seq_len", [1, 7, 33, 100])  # 100: attention in 3 query blocks
 def test_logits_match_transformers(tmp_path, name, seq_len):
     model, config, params = _load(tmp_path, **CONFIGS[name])
     assert config.tie_word_embeddings == CONFIGS[name]["tied"]
@@ -120,6 +122,35 @@ def test_xla_and_dot_product_attention_api_agree(tmp_path):
     api = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation="xla")
     real = np.asarray(seg) != 0
     np.testing.assert_allclose(np.asarray(ours)[real], np.asarray(api)[real], atol=1e-5)
+
+
+@pytest.mark.parametrize("t", [31, 64, 100, 256])
+def test_causal_blocks_equal_full_attention_values_and_gradients(t):
+    """Self-attention in query blocks (`causal_attention`: 1, 2, 3 and 8 blocks here) computes
+    the reference attention and its gradients on every non-padding token, with padding and
+    packed segments."""
+    from jaxscaffold.models import attention
+    rng = np.random.RandomState(t)
+    q, r = (jnp.asarray(rng.randn(2, t, 8, 16), jnp.float32) for _ in range(2))
+    k, v = (jnp.asarray(rng.randn(2, t, 2, 16), jnp.float32) for _ in range(2))
+    seg = np.ones((2, t), np.int32)
+    seg[1, : t // 5] = 0  # left padding, then two packed sequences
+    seg[1, t // 2:] = 2
+    seg = jnp.asarray(seg)
+    mask = attention.attention_mask(seg, seg, jnp.broadcast_to(jnp.arange(t), (2, t)), jnp.arange(t))
+    real = (seg != 0)[:, :, None, None]
+
+    def loss(fn, q, k, v):
+        out = fn(q, k, v, mask)
+        return jnp.sum(jnp.where(real, out * r, 0.0)), out
+
+    grads = [jax.grad(functools.partial(loss, fn), argnums=(0, 1, 2), has_aux=True)(q, k, v)
+             for fn in (attention.causal_attention, attention.xla_attention)]
+    (g_blocks, out_blocks), (g_ref, out_ref) = grads
+    np.testing.assert_allclose(np.asarray(out_blocks)[np.asarray(seg) != 0],
+                               np.asarray(out_ref)[np.asarray(seg) != 0], atol=1e-5)
+    for a, b in zip(g_blocks, g_ref):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
 
 
 def test_splash_attention_interpret_mode_matches_xla():
