@@ -20,11 +20,26 @@ from jaxscaffold.models.config import Qwen3Config
 
 def _chunk_stats(params, config, h_BCD, targets_BC):
     logits = qwen3.unembed(params, config, h_BCD)  # f32 [B, C, V], one chunk only
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    target_logit = jnp.take_along_axis(logits, targets_BC[..., None], axis=-1)[..., 0]
-    probs = jnp.exp(logits - lse[..., None])
-    entropy = lse - jnp.sum(probs * logits, axis=-1)
-    return target_logit - lse, entropy
+    # One exponential over the vocabulary serves the normaliser, the probabilities and the
+    # backward pass (autodiff reuses it); logsumexp followed by exp(logits - lse) took two
+    # passes forward and more backward, and the vocabulary-wide passes dominate a small
+    # model's step. The max is only a shift: every output is invariant to it.
+    shifted = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    exp = jnp.exp(shifted)
+    total = jnp.sum(exp, axis=-1)
+    log_total = jnp.log(total)
+    probs = exp / total[..., None]
+    target = jnp.take_along_axis(shifted, targets_BC[..., None], axis=-1)[..., 0]
+    entropy = log_total - jnp.sum(probs * shifted, axis=-1)
+    return target - log_total, entropy
+
+
+def _chunk_size(n: int, chunk: int) -> int:
+    """Positions per chunk: at most `chunk`, as few chunks as that allows, evenly sized, so the
+    padding is under one position per chunk (192 positions in chunks of at most 128: two of 96,
+    not two of 128, whose padding the unembedding would compute too)."""
+    chunks = -(-n // max(1, chunk))
+    return -(-n // chunks)
 
 
 def logprobs_from_hidden(params, config: Qwen3Config, h_BTD, tokens_BT, *, chunk: int = 256):
@@ -38,7 +53,7 @@ def logprobs_from_hidden(params, config: Qwen3Config, h_BTD, tokens_BT, *, chunk
     if n <= 0:
         zeros = jnp.zeros((b, t), jnp.float32)
         return zeros, zeros
-    c = min(chunk, n)
+    c = _chunk_size(n, chunk)
     pad = (-n) % c
     h = jnp.pad(h_BTD[:, :-1], ((0, 0), (0, pad), (0, 0)))
     targets = jnp.pad(tokens_BT[:, 1:], ((0, 0), (0, pad)))
@@ -86,7 +101,7 @@ def masked_token_logprobs(params, config: Qwen3Config, tokens_BT, mask_BT, num_p
     h_BKD = jnp.take_along_axis(h, jnp.maximum(pos_BK - 1, 0)[..., None], axis=1)
     targets_BK = jnp.take_along_axis(tokens_BT, pos_BK, axis=1)
     k = num_positions
-    c = min(chunk, k)
+    c = _chunk_size(k, chunk)
     pad = (-k) % c
     h_KBCD = jnp.pad(h_BKD, ((0, 0), (0, pad), (0, 0))).reshape(b, -1, c, h.shape[-1]).swapaxes(0, 1)
     t_KBC = jnp.pad(targets_BK, ((0, 0), (0, pad))).reshape(b, -1, c).swapaxes(0, 1)

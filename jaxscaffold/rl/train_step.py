@@ -128,8 +128,9 @@ def make_train_step(model_config: Qwen3Config, algo: AlgorithmConfig, optimizer:
     With a mesh, the step has explicit in/out shardings (parameters and optimizer state as
     the rules say, rows over the batch axes) and donates the state. `with_reference` adds the
     frozen reference parameters argument (needed when `algo.kl_coef > 0`).
-    `score_masked_only` unembeds only the trained-on positions (their count per row, bucketed
-    to a power of two, is a static shape: one compiled program per bucket); off, every position.
+    `score_masked_only` unembeds only the trained-on positions (their largest count in a row,
+    bucketed to 16 * 2**k or 1.5 times that, is a static shape: one compiled program per
+    bucket); off, every position.
     """
     if algo.kl_coef and not with_reference:
         raise ValueError(f"{algo.name}: kl_coef={algo.kl_coef} needs with_reference=True (frozen reference params)")
@@ -280,7 +281,7 @@ def _train_step(step: _Step, score_masked_only: bool) -> Callable:
         num_positions = None
         if score_masked_only:
             t = batch["tokens_BT"].shape[1]
-            num_positions = min(t, pow2_bucket(int(_max_masked(batch["loss_mask_BT"])), 16))
+            num_positions = min(t, pow2_bucket(int(_max_masked(batch["loss_mask_BT"])), 16, per_octave=2))
         program = _program(step, num_positions)
         train_step.programs[num_positions] = program  # the variants this step used (tests count them)
         return program(state, batch, *ref_params)
