@@ -32,6 +32,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, smaller configs only")
     args = parser.parse_args()
     common.REPORT.json = args.json
+    # The allocator changes XLA:CPU's timings (launch/dev.sh preloads tcmalloc where present).
+    preload = os.environ.get("LD_PRELOAD", "")
+    common.REPORT.say(f"# allocator: {'tcmalloc' if 'tcmalloc' in preload else 'glibc malloc'}")
     module = __import__(SUITES[args.suite], fromlist=["run"])
     module.run(quick=args.quick)
 

@@ -2,6 +2,7 @@
 # One command per job on a fresh machine: sets up .venv (once), then runs the job.
 #   bash launch/dev.sh demo    # the main job on the embedded default (configs/tiny.py, CPU)
 #   bash launch/dev.sh test    # the whole test suite   (test-quick: without slow tests)
+#   bash launch/dev.sh bench train   # a benchmark (launch/bench.py), with the same allocator
 set -euo pipefail
 cd "$(dirname "$0")/.."
 job="${1:-test}"; shift || true
@@ -37,5 +38,6 @@ case "$job" in
   demo) exec .venv/bin/python launch/tpu_train.py --config tiny.py "$@" ;;
   test) exec .venv/bin/python -m pytest -q -n 2 --durations=15 "$@" ;;
   test-quick) exec .venv/bin/python -m pytest -q -n 2 -m "not slow" "$@" ;;
-  *) echo "usage: bash launch/dev.sh {demo|test|test-quick} [args]" >&2; exit 2 ;;
+  bench) exec .venv/bin/python launch/bench.py "$@" ;;
+  *) echo "usage: bash launch/dev.sh {demo|test|test-quick|bench} [args]" >&2; exit 2 ;;
 esac
