@@ -265,10 +265,10 @@ def _program(step: _Step, num_positions: int | None):
         st_sh = state_shardings(step.model_config, step.transformation, step.mesh, step.rules)
         in_sh = (st_sh, batch_shardings(step.mesh, step.rules)) + ((st_sh.params,) if step.with_reference else ())
         shardings = dict(in_shardings=in_sh, out_shardings=(st_sh, NamedSharding(step.mesh, PartitionSpec())))
-    fn = functools.partial(_update, step, num_positions)
-    if not step.with_reference:
-        fn = (lambda f: lambda state, batch: f(state, batch))(fn)
-    return jax.jit(fn, donate_argnums=(0,), **shardings)
+    def update(state, batch, *ref_params):  # ref_params: () or (the reference's params,)
+        return _update(step, num_positions, state, batch, *ref_params)
+
+    return jax.jit(update, donate_argnums=(0,), **shardings)
 
 
 @jax.jit
