@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
+from jaxscaffold import compiler
 from jaxscaffold.models import qwen3
 from jaxscaffold.models.config import Qwen3Config
 from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules
@@ -114,12 +115,12 @@ class Programs:
         return state if shardings is None else jax.lax.with_sharding_constraint(state, shardings)
 
 
-@functools.partial(jax.jit, static_argnames=("programs",))
+@functools.partial(compiler.jit, static_argnames=("programs",))
 def _prepare(params, *, programs: Programs):
     return programs.weights(params)
 
 
-@functools.partial(jax.jit, static_argnames=("programs", "window"), donate_argnames=("state",))
+@functools.partial(compiler.jit, static_argnames=("programs", "window"), donate_argnames=("state",))
 def _prefill(params, state: SamplerState, tokens_BT, segments_BT, *, programs: Programs, window: int):
     c = programs.config
     params = programs.weights(params)
@@ -132,7 +133,7 @@ def _prefill(params, state: SamplerState, tokens_BT, segments_BT, *, programs: P
     return programs.constrain(SamplerState(cache=cache, logits_BV=logits))
 
 
-@functools.partial(jax.jit, static_argnames=("programs", "steps", "window"), donate_argnames=("state",))
+@functools.partial(compiler.jit, static_argnames=("programs", "steps", "window"), donate_argnames=("state",))
 def _decode(params, state: SamplerState, seeds_B, active_B, max_new_B, *, programs: Programs, steps: int,
             window: int):
     c, b = programs.config, state.logits_BV.shape[0]
