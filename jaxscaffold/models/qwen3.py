@@ -149,7 +149,11 @@ def decode_layout(params: dict, config: Qwen3Config, blocks: int = 1) -> dict:
 class KVCache(NamedTuple):
     """Per-layer keys/values of earlier tokens. Row b holds `lengths[b]` valid tokens in
     slots [0, lengths[b]); new tokens are written at slot lengths[b] + t. Heads come before
-    slots so attention reads the cache as it lies (batch axes leading: no transpose)."""
+    slots so attention reads the cache as it lies (batch axes leading: no transpose).
+
+    A bf16 cache is stored as its bits (uint16; `kv_values` reads it): XLA:CPU has no bf16
+    scatter, and bitcasting a bf16 buffer to write it copies the buffer (a bf16 decode step
+    of the ~100M benchmark model: 16 copies of 1 MB, about 2 ms)."""
 
     k: jax.Array  # [L, B, G, S, K], or a tuple of L [B, G, S, K] buffers (per_layer)
     v: jax.Array  # same as k
@@ -163,6 +167,7 @@ class KVCache(NamedTuple):
         layout that goes with `decode_layout`: each layer's buffer is read and written in
         place)."""
         shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
+        dtype = _STORED.get(jnp.dtype(dtype), dtype)
         if per_layer:
             k = tuple(jnp.zeros(shape[1:], dtype) for _ in range(shape[0]))
             v = tuple(jnp.zeros(shape[1:], dtype) for _ in range(shape[0]))
@@ -200,20 +205,24 @@ def _embed_rows(embed_VD, tokens_BT):
 
 
 def _scatter_kv(buf, new_BTGK, slots_BT):
-    """Writes new keys or values [(L,) B, T, G, K] into a cache buffer [(L,) B, G, S, K].
-
-    16-bit floats are scattered as their bits: XLA:CPU has no bf16 scatter and would convert
-    the whole buffer to f32 and back around it on every decode step."""
-    dtype = buf.dtype
-    new = new_BTGK.astype(dtype)
+    """Writes new keys or values [(L,) B, T, G, K] into a cache buffer [(L,) B, G, S, K]
+    (a bf16 cache's bits: see KVCache)."""
+    new = new_BTGK.astype(kv_values(buf).dtype)
+    if buf.dtype == jnp.uint16:
+        new = lax.bitcast_convert_type(new, jnp.uint16)
     if buf.ndim == 5:  # stacked layers; advanced indices (b, slots) lead the indexed shape
         new = jnp.moveaxis(new, 0, 2)
-    if dtype.itemsize == 2:
-        buf, new = lax.bitcast_convert_type(buf, jnp.uint16), lax.bitcast_convert_type(new, jnp.uint16)
     b = jnp.arange(slots_BT.shape[0])[:, None]
     index = (slice(None), b, slice(None), slots_BT) if buf.ndim == 5 else (b, slice(None), slots_BT)
-    out = buf.at[index].set(new, mode="drop")
-    return lax.bitcast_convert_type(out, dtype) if dtype.itemsize == 2 else out
+    return buf.at[index].set(new, mode="drop")
+
+
+_STORED = {jnp.dtype(jnp.bfloat16): jnp.dtype(jnp.uint16)}  # cache dtype -> its storage (KVCache)
+
+
+def kv_values(buf):
+    """A cache buffer's keys or values in the cache's dtype (bf16 from its stored bits)."""
+    return lax.bitcast_convert_type(buf, jnp.bfloat16) if buf.dtype == jnp.uint16 else buf
 
 
 # ----------------------------------------------------------------------------- layers
@@ -415,14 +424,14 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
 
             def attend(q, k, v, cache_kv):
                 ck, cv = (_scatter_kv(buf, new, slots) for buf, new in zip(cache_kv, (k, v)))
-                seen = [lax.slice_in_dim(x, 0, w, axis=2).astype(dt) for x in (ck, cv)]
+                seen = [kv_values(lax.slice_in_dim(x, 0, w, axis=2)).astype(dt) for x in (ck, cv)]
                 return attention.cache_attention(q, *seen, mask), (ck, cv)
         else:
             # Stacked: the cache is read only here and written once after all layers (a
             # scan writing it per layer would copy the whole cache every call).
             def attend(q, k, v, cache_kv):
                 ck, cv = cache_kv
-                return attention.cached_attention(q, ck.astype(dt), cv.astype(dt), k, v,
+                return attention.cached_attention(q, kv_values(ck).astype(dt), kv_values(cv).astype(dt), k, v,
                                                   cache_segment_BS=cache.segment_ids,
                                                   segment_BT=segment_ids_BT), (k, v)
 

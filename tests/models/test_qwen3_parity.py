@@ -271,7 +271,7 @@ def test_decode_layout_rows_do_not_depend_on_the_batch_size(tmp_path):
 
 @pytest.mark.parametrize("per_layer", [False, True])
 def test_bf16_cache_holds_the_rounded_keys_and_values(tmp_path, per_layer):
-    """The 16-bit cache is written as raw bits (XLA:CPU has no bf16 scatter): layer 0's
+    """The bf16 cache is stored as raw bits (XLA:CPU has no bf16 scatter): layer 0's
     cached keys/values (computed before any attention) are exactly the f32 cache's rounded
     to bf16, at the written slots, and the empty slots stay zero."""
     _, config, params = _load(tmp_path, heads=4, kv_heads=2)
@@ -286,7 +286,9 @@ def test_bf16_cache_holds_the_rounded_keys_and_values(tmp_path, per_layer):
         caches[dtype] = step(params, config, tokens, segment_ids_BT=seg, cache=empty)[1]
     for name in ("k", "v"):
         ref = np.asarray(getattr(caches["float32"], name)[0])  # layer 0: [B, G, S, K]
-        got = np.asarray(getattr(caches["bfloat16"], name)[0])
+        stored = getattr(caches["bfloat16"], name)[0]
+        assert stored.dtype == jnp.uint16
+        got = np.asarray(qwen3.kv_values(stored))
         assert got.dtype == jnp.bfloat16
         np.testing.assert_array_equal(got.astype(np.float32), ref.astype(jnp.bfloat16).astype(np.float32))
         assert np.all(got[0, :, 5:] == 0) and np.all(got[1, :, 2:] == 0) and np.any(got[1, :, :2] != 0)
