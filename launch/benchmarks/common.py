@@ -41,3 +41,20 @@ def median_time(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
         fn()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
+
+
+def interleaved_medians(fns: dict[str, Callable[[], float | None]], reps: int, warmup: int = 1) -> dict[str, float]:
+    """Median time of each fn over `reps` rounds that each run every fn once, in turn: on a
+    shared, noisy machine a slow spell then costs every side alike instead of whichever ran
+    during it. A fn that returns a number reports its own time (a part of what it ran, e.g.
+    decoding after a prefill); otherwise its wall time counts."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            own = fn()
+            times[name].append(own if own is not None else time.perf_counter() - t)
+    return {name: statistics.median(ts) for name, ts in times.items()}

@@ -1,8 +1,10 @@
 """Sampler throughput: our JAX sampler vs transformers `generate` (PyTorch CPU) on the same
-weights, plus the fraction of the memory-bandwidth limit and the multi-turn cache win."""
+weights, plus the fraction of the memory-bandwidth limit and the multi-turn cache win. Ours and
+theirs, f32 and bf16, are timed in interleaved rounds (`interleaved_medians`)."""
 
 from __future__ import annotations
 
+import copy
 import os
 import tempfile
 import time
@@ -11,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.common import REPORT, median_time
+from benchmarks.common import REPORT, interleaved_medians, median_time
 from jaxscaffold.models import hf_io
 from jaxscaffold.rollout.engine import Sampler
 from jaxscaffold.rollout.sampling import GREEDY, SamplingConfig
@@ -52,7 +54,8 @@ def memory_bandwidth() -> float:
     return x.nbytes / t
 
 
-def _ours(directory: str, dtype: str, sampling, prompt: np.ndarray, reps: int):
+def _ours(directory: str, dtype: str, sampling, prompt: np.ndarray):
+    """Our prefill and decode as timed closures (decode reports its own time, after a prefill)."""
     config, params = hf_io.load_pretrained(directory, dtype=dtype, compute_dtype=dtype)
     sampler = Sampler(config, batch_size=BATCH, max_len=256, sampling=sampling, stop_ids=(),
                       cache_dtype=dtype, prefill_buckets=(PROMPT, 255), decode_buckets=(NEW,))
@@ -72,16 +75,10 @@ def _ours(directory: str, dtype: str, sampling, prompt: np.ndarray, reps: int):
                          lengths=np.full(BATCH, PROMPT, np.int32))
         return time.perf_counter() - t
 
-    t_prefill = median_time(prefill, reps)
-    decode()  # compile
-    t_decode = float(np.median([decode() for _ in range(reps)]))
-    return t_prefill, t_decode, weight_bytes, config
+    def time_prefill():
+        prefill()  # its wall time counts
 
-
-def _theirs(model, prompt: np.ndarray, greedy: bool, reps: int):
-    t_one = median_time(lambda: _torch_generate(model, prompt, 1, greedy), reps)
-    t_all = median_time(lambda: _torch_generate(model, prompt, NEW, greedy), reps, warmup=0)
-    return t_one, max(t_all - t_one, 1e-9)
+    return time_prefill, decode, weight_bytes, config
 
 
 def _multi_turn(directory: str, reps: int):
@@ -132,28 +129,36 @@ def run(quick: bool = False) -> None:
     rng = np.random.RandomState(0)
     for name in (["tiny"] if quick else ["tiny", "100m"]):
         directory = tempfile.mkdtemp(prefix=f"bench-{name}-")
-        model = _hf_model(name, directory)
+        models = {"float32": _hf_model(name, directory)}
+        models["bfloat16"] = copy.deepcopy(models["float32"]).to(torch.bfloat16)
         prompt = rng.randint(0, CONFIGS[name]["vocab_size"], (BATCH, PROMPT))
         for mode, greedy in (("greedy", True), ("T=1", False)):
             sampling = GREEDY if greedy else SamplingConfig(temperature=1.0)
-            t1_f32, td_f32 = _theirs(model.float(), prompt, greedy, reps)
-            t1_bf16, td_bf16 = _theirs(model.to(torch.bfloat16), prompt, greedy, reps)
-            model.float()
+            # Every timed closure of this config and mode runs once per round, in turn.
+            fns, facts = {}, {}
             for dtype in ("float32", "bfloat16"):
-                tp, td, wbytes, cfg = _ours(directory, dtype, sampling, prompt, reps)
-                dec, pre = BATCH * NEW / td, BATCH * PROMPT / tp
-                ref_dec_f32 = BATCH * (NEW - 1) / td_f32
-                ref_dec_same = BATCH * (NEW - 1) / (td_f32 if dtype == "float32" else td_bf16)
-                ref_pre_same = BATCH * PROMPT / (t1_f32 if dtype == "float32" else t1_bf16)
+                model = models[dtype]
+                fns[f"theirs 1 {dtype}"] = lambda m=model: _torch_generate(m, prompt, 1, greedy)
+                fns[f"theirs all {dtype}"] = lambda m=model: _torch_generate(m, prompt, NEW, greedy)
+                fns[f"ours prefill {dtype}"], fns[f"ours decode {dtype}"], *facts[dtype] = _ours(
+                    directory, dtype, sampling, prompt)
+            t = interleaved_medians(fns, reps)
+            for dtype in ("float32", "bfloat16"):
+                wbytes, cfg = facts[dtype]
+                dec, pre = BATCH * NEW / t[f"ours decode {dtype}"], BATCH * PROMPT / t[f"ours prefill {dtype}"]
+                ref_dec = {d: BATCH * (NEW - 1) / max(t[f"theirs all {d}"] - t[f"theirs 1 {d}"], 1e-9)
+                           for d in ("float32", "bfloat16")}
+                ref_pre_same = BATCH * PROMPT / t[f"theirs 1 {dtype}"]
                 tag = f"{name} {mode} {dtype}"
-                REPORT.figure(f"decode tokens/s, ours vs transformers {dtype}, {tag}", dec, "tok/s", dec / ref_dec_same)
+                REPORT.figure(f"decode tokens/s, ours vs transformers {dtype}, {tag}", dec, "tok/s", dec / ref_dec[dtype])
                 if dtype == "bfloat16":
-                    REPORT.figure(f"decode tokens/s, ours vs transformers float32, {tag}", dec, "tok/s", dec / ref_dec_f32)
+                    REPORT.figure(f"decode tokens/s, ours vs transformers float32, {tag}", dec, "tok/s",
+                                  dec / ref_dec["float32"])
                 REPORT.figure(f"prefill tokens/s, ours vs transformers {dtype} (generate 1), {tag}", pre, "tok/s",
                               pre / ref_pre_same)
                 item = 4 if dtype == "float32" else 2
                 cache_bytes = 2 * cfg.num_layers * BATCH * (PROMPT + NEW // 2) * cfg.kv_dim * item
-                step = td / NEW
+                step = t[f"ours decode {dtype}"] / NEW
                 REPORT.figure(f"decode step: fraction of the memory-bandwidth limit, {tag}",
                               (wbytes + cache_bytes) / step / bandwidth, "fraction")
     t_reuse, t_recompute = _multi_turn(directory, reps)
