@@ -1,5 +1,5 @@
 """How the project's programs are compiled: XLA options per backend, and a `jit` that applies
-them (used by the sampler, the train steps and the embedder)."""
+them (the sampler's programs, where they were measured to help)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ import jax
 # XLA:CPU runs dots in YNNPACK. By default a dot of bf16 operands accumulating in f32 takes
 # YNNPACK's bf16 kernel, slow on a CPU without bf16 dot instructions (AVX2); with YNNPACK's
 # dot fusion asked for, the bf16 -> f32 widening is fused into the dot and its f32 kernel
-# runs: 24 matrices [4096, 768] times 8 rows, 13 ms against 22 ms (f32: 14 ms either way); a
-# bf16 decode step of the ~100M benchmark model 20 ms against 29 ms, a bf16 train step 7.2 s
-# against 9.5 s; f32 programs ran at the same speed. CPUs with bf16 dot instructions keep
-# XLA's default (their bf16 kernel is the fast one: about 2x f32, shared/REFERENCE.md §8).
+# runs. Measured on such a CPU: 24 matrices [4096, 768] times 8 rows, 13 ms against 22 ms
+# (f32: 14 ms either way); in interleaved runs, a bf16 decode step of the ~100M benchmark model
+# 27.0 against 36.4 ms (f32: 25.0 against 25.7 ms). A bf16 train step of that model ran at the
+# same speed with and without (10.4 s), so train steps keep XLA's defaults. CPUs with bf16 dot
+# instructions keep them too (their bf16 kernel is the fast one, shared/REFERENCE.md §8).
 _CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}  # XLA_FLAGS spells it "dot"
 _BF16_DOT_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86, and Arm's `Features` line
 

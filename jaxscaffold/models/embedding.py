@@ -15,7 +15,6 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxscaffold.buckets import pow2_bucket
-from jaxscaffold.compiler import compiler_options
 from jaxscaffold.models import hf_io, qwen3
 from jaxscaffold.models.config import Qwen3Config
 from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules
@@ -57,12 +56,11 @@ class Qwen3Embedder:
         self.mesh = mesh
         fn = lambda p, t, s: embed(p, config, t, s)  # noqa: E731
         if mesh is None:
-            self._embed = jax.jit(fn, compiler_options=compiler_options())
+            self._embed = jax.jit(fn)
             self._rows = None
         else:
             self._rows = rules.sharding(mesh, ("batch", "seq"))
-            self._embed = jax.jit(fn, out_shardings=NamedSharding(mesh, PartitionSpec()),
-                                  compiler_options=compiler_options())
+            self._embed = jax.jit(fn, out_shardings=NamedSharding(mesh, PartitionSpec()))
 
     @classmethod
     def from_pretrained(cls, path: str, *, mesh=None, dtype: str = "float32", compute_dtype: str = "float32",

@@ -26,7 +26,6 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxscaffold.buckets import pow2_bucket
-from jaxscaffold.compiler import compiler_options
 from jaxscaffold.models.config import Qwen3Config
 from jaxscaffold.models.qwen3 import param_shapes, param_shardings
 from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules
@@ -269,7 +268,7 @@ def _program(step: _Step, num_positions: int | None):
     def update(state, batch, *ref_params):  # ref_params: () or (the reference's params,)
         return _update(step, num_positions, state, batch, *ref_params)
 
-    return jax.jit(update, donate_argnums=(0,), compiler_options=compiler_options(), **shardings)
+    return jax.jit(update, donate_argnums=(0,), **shardings)
 
 
 @jax.jit
