@@ -167,7 +167,7 @@ class KVCache(NamedTuple):
         layout that goes with `decode_layout`: each layer's buffer is read and written in
         place)."""
         shape = (config.num_layers, batch, config.num_kv_heads, max_len, config.head_dim)
-        dtype = _STORED.get(jnp.dtype(dtype), dtype)
+        dtype = jnp.uint16 if jnp.dtype(dtype) == jnp.bfloat16 else dtype  # bf16: its bits
         if per_layer:
             k = tuple(jnp.zeros(shape[1:], dtype) for _ in range(shape[0]))
             v = tuple(jnp.zeros(shape[1:], dtype) for _ in range(shape[0]))
@@ -207,17 +207,15 @@ def _embed_rows(embed_VD, tokens_BT):
 def _scatter_kv(buf, new_BTGK, slots_BT):
     """Writes new keys or values [(L,) B, T, G, K] into a cache buffer [(L,) B, G, S, K]
     (a bf16 cache's bits: see KVCache)."""
-    new = new_BTGK.astype(kv_values(buf).dtype)
-    if buf.dtype == jnp.uint16:
-        new = lax.bitcast_convert_type(new, jnp.uint16)
+    if buf.dtype == jnp.uint16:  # a bf16 cache's bits
+        new = lax.bitcast_convert_type(new_BTGK.astype(jnp.bfloat16), jnp.uint16)
+    else:
+        new = new_BTGK.astype(buf.dtype)
     if buf.ndim == 5:  # stacked layers; advanced indices (b, slots) lead the indexed shape
         new = jnp.moveaxis(new, 0, 2)
     b = jnp.arange(slots_BT.shape[0])[:, None]
     index = (slice(None), b, slice(None), slots_BT) if buf.ndim == 5 else (b, slice(None), slots_BT)
     return buf.at[index].set(new, mode="drop")
-
-
-_STORED = {jnp.dtype(jnp.bfloat16): jnp.dtype(jnp.uint16)}  # cache dtype -> its storage (KVCache)
 
 
 def kv_values(buf):

@@ -33,20 +33,16 @@ REPORT = Report()
 
 def median_time(fn: Callable[[], object], reps: int, warmup: int = 1) -> float:
     """Median wall time of fn() over reps runs, after warm-up runs (compilation)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    def wall():
+        fn()  # whatever it returns, its wall time counts
+
+    return interleaved_medians({"fn": wall}, reps, warmup)["fn"]
 
 
 def interleaved_medians(fns: dict[str, Callable[[], float | None]], reps: int, warmup: int = 1) -> dict[str, float]:
     """Median time of each fn over `reps` rounds that each run every fn once, in turn: on a
     shared, noisy machine a slow spell then costs every side alike instead of whichever ran
-    during it. A fn that returns a number reports its own time (a part of what it ran, e.g.
+    during it. A fn that returns a float reports its own time (a part of what it ran, e.g.
     decoding after a prefill); otherwise its wall time counts."""
     for _ in range(warmup):
         for fn in fns.values():
@@ -56,5 +52,5 @@ def interleaved_medians(fns: dict[str, Callable[[], float | None]], reps: int, w
         for name, fn in fns.items():
             t = time.perf_counter()
             own = fn()
-            times[name].append(own if own is not None else time.perf_counter() - t)
+            times[name].append(own if isinstance(own, float) else time.perf_counter() - t)
     return {name: statistics.median(ts) for name, ts in times.items()}
