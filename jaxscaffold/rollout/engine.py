@@ -8,9 +8,10 @@ others are mid-episode, and a slot waiting for its environment simply sits out a
 
 Compiled programs are bounded by bucketing: prefill lengths round up to `prefill_buckets`,
 decode lengths to `decode_buckets`, and (per_layer layout) the cache prefix a call attends
-over to powers of two from 256, so short conversations do not read a long cache's empty
-slots; batch and cache sizes are fixed per engine. The decode loop runs inside one jitted
-`lax.while_loop` with the cache donated.
+over to `window_buckets` (128 x 1, 1.5, 2, 3, 4, 6, ...), so a step reads about the filled
+part of the cache, not its capacity: a decode runs in chunks, each in the smallest window that
+holds the longest row, until the rows stop. Batch and cache sizes are fixed per engine. Each
+chunk runs inside one jitted `lax.while_loop` with the cache donated.
 
 Sampling keys are per row and per position: the token at absolute position p of a row with
 seed s is drawn with `fold_in(key(s), p)`, so a row is reproducible from its seed whatever
@@ -75,6 +76,17 @@ def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
         out.append(b)
         b *= 2
     return tuple(out) + (hi,)
+
+
+def _window_buckets(max_len: int) -> tuple[int, ...]:
+    """Cache prefixes a per_layer call attends over: 128 x 1, 1.5, 2, 3, 4, 6, ... below
+    `max_len`, then `max_len`. A step reads its whole window (at window 256, about a fifth of a
+    ~100M-model decode step on CPU), hence half-octave steps."""
+    out, b = [], 128
+    while b < max_len:
+        out += [w for w in (b, b * 3 // 2) if w < max_len]
+        b *= 2
+    return tuple(out) + (max_len,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +219,7 @@ class Sampler:
         self.stop_ids = np.asarray(sorted(set(stop_ids)), np.int32)
         self.prefill_buckets = tuple(prefill_buckets or _powers_of_two(16, max_len))
         self.decode_buckets = tuple(decode_buckets or _powers_of_two(16, max_len))
-        self.window_buckets = _powers_of_two(min(256, max_len), max_len)  # cache prefixes attended
+        self.window_buckets = _window_buckets(max_len)
         self.mesh, self.rules = mesh, rules
         cpu = jax.default_backend() == "cpu"
         if layout == "auto":
@@ -295,24 +307,42 @@ class Sampler:
                  ) -> tuple[SamplerState, dict[int, Generation]]:
         """Decodes in the given slots until each emits a stop token or `max_new_tokens`
         (capped by the slot's room). Other slots sit out. Returns the new state and each
-        slot's Generation."""
-        lengths = self.lengths(state) if lengths is None else lengths
-        active = np.zeros(self.batch_size, bool)
-        max_new = np.zeros(self.batch_size, np.int32)
+        slot's Generation.
+
+        Runs in chunks (per_layer): each attends over the smallest window bucket that holds the
+        longest row's next token, and ends when a row fills it; the rows still going continue
+        in the next window. Sampling keys depend on positions only, so chunking changes no token.
+        """
+        lengths = np.array(self.lengths(state) if lengths is None else lengths, np.int64)
+        remaining = np.zeros(self.batch_size, np.int64)
         row_seeds = np.zeros(self.batch_size, np.uint32)
         for slot, seed in zip(slots, seeds):
-            room = self.max_len - 1 - int(lengths[slot])
-            active[slot], max_new[slot] = True, max(0, min(max_new_tokens, room))
+            remaining[slot] = max(0, min(max_new_tokens, self.max_len - 1 - int(lengths[slot])))
             row_seeds[slot] = np.uint32(seed % 2**32)
-        steps = _bucket(max(1, int(max_new.max())), self.decode_buckets, "a decode")
-        window = self._window(max(int(lengths[s]) + int(max_new[s]) for s in slots) if slots else 1)
-        state, out = _decode(params, state, jnp.asarray(row_seeds), self._put(active), self._put(max_new),
-                             programs=self.programs, steps=steps, window=window)
-        toks, lp, slp, n, stopped = jax.device_get(out)
+        pieces = {slot: [] for slot in slots}  # (tokens, logprobs, sampling_logprobs) per chunk
+        stopped = dict.fromkeys(slots, False)
+        going = [slot for slot in slots if remaining[slot] > 0]
+        while going:
+            window = self._window(max(int(lengths[slot]) for slot in going) + 1)
+            active = np.zeros(self.batch_size, bool)
+            max_new = np.zeros(self.batch_size, np.int32)
+            for slot in going:
+                active[slot], max_new[slot] = True, min(remaining[slot], window - lengths[slot])
+            steps = _bucket(int(max_new.max()), self.decode_buckets, "a decode")
+            state, out = _decode(params, state, jnp.asarray(row_seeds), self._put(active), self._put(max_new),
+                                 programs=self.programs, steps=steps, window=window)
+            toks, lp, slp, n, hit = jax.device_get(out)
+            for slot in going:
+                k = int(n[slot])
+                pieces[slot].append((toks[slot, :k], lp[slot, :k], slp[slot, :k]))
+                lengths[slot] += k
+                remaining[slot] -= k
+                stopped[slot] = bool(hit[slot])
+            going = [slot for slot in going if not stopped[slot] and remaining[slot] > 0]
         results = {}
         for slot in slots:
-            k = int(n[slot])
-            results[slot] = Generation(tokens=toks[slot, :k], logprobs=lp[slot, :k],
-                                       sampling_logprobs=slp[slot, :k],
+            parts = pieces[slot] or [(np.zeros(0, np.int32), np.zeros(0, np.float32), np.zeros(0, np.float32))]
+            toks, lp, slp = (np.concatenate(x) for x in zip(*parts))
+            results[slot] = Generation(tokens=toks, logprobs=lp, sampling_logprobs=slp,
                                        finish_reason="stop" if stopped[slot] else "length")
         return state, results

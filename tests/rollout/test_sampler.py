@@ -136,26 +136,36 @@ def test_prepared_parameters_decode_exactly_as_the_stacked_ones(model):
             np.testing.assert_allclose(out[slot].logprobs, outs[0][slot].logprobs, atol=1e-5)  # dot order
 
 
-def test_attending_over_a_window_of_the_cache_equals_the_full_forward(model):
-    """Calls attend over a power-of-two prefix of a 700-slot cache that holds every row's
-    tokens (256 while the rows are short, then 512): logprobs still equal teacher forcing
-    and the cache beyond the window is never needed."""
+def test_decoding_through_growing_windows_equals_the_full_forward(model, monkeypatch):
+    """per_layer calls attend over the smallest window bucket of a 700-slot cache that holds
+    every row; one generate crosses windows in chunks. Tokens equal those of the stacked layout
+    (one call over the whole cache), logprobs equal teacher forcing, and the cache beyond the
+    window is never needed."""
+    from jaxscaffold.rollout import engine
     config, params = model
-    sampler = Sampler(config, batch_size=2, max_len=700, sampling=SamplingConfig(temperature=1.0),
-                      stop_ids=(), cache_dtype="float32", layout="per_layer")
-    assert sampler.window_buckets == (256, 512, 700)
-    p = sampler.prepare(params)
-    rng = np.random.RandomState(4)
-    mt = MultiTurn(sampler)
-    mt.extend(p, {0: list(rng.randint(8, VOCAB, 20)), 1: list(rng.randint(8, VOCAB, 3))})
-    mt.generate(p, [0, 1], max_new_tokens=16, seeds=[1, 2])  # window 256
-    mt.extend(p, {0: list(rng.randint(8, VOCAB, 230))})  # slot 0 now past 256: window 512
-    mt.generate(p, [0, 1], max_new_tokens=16, seeds=[3, 4])
-    for slot, conv in mt.release([0, 1]).items():
+    windows = []
+    decode = engine._decode
+    monkeypatch.setattr(engine, "_decode", lambda *a, **kw: windows.append(kw["window"]) or decode(*a, **kw))
+    samplers = [Sampler(config, batch_size=2, max_len=700, sampling=SamplingConfig(temperature=1.0), stop_ids=(),
+                        cache_dtype="float32", layout=layout) for layout in ("per_layer", "stacked")]
+    assert samplers[0].window_buckets == (128, 192, 256, 384, 512, 700)
+    outs = []
+    for sampler in samplers:
+        p = sampler.prepare(params)
+        rng = np.random.RandomState(4)
+        mt = MultiTurn(sampler)
+        mt.extend(p, {0: list(rng.randint(8, VOCAB, 20)), 1: list(rng.randint(8, VOCAB, 3))})
+        mt.generate(p, [0, 1], max_new_tokens=120, seeds=[1, 2])  # slot 0: 20 -> 140, windows 128, 192
+        mt.extend(p, {0: list(rng.randint(8, VOCAB, 230))})  # slot 0 now at 370: window 384
+        mt.generate(p, [0, 1], max_new_tokens=16, seeds=[3, 4])  # slot 0 fills 384: then 512
+        outs.append(mt.release([0, 1]))
+    assert windows == [128, 192, 384, 512, 700, 700]
+    for slot, conv in outs[0].items():
         arr = conv.arrays()
+        np.testing.assert_array_equal(arr["ids"], outs[1][slot].arrays()["ids"])
         ref = teacher_forced_logprobs(params, config, arr["ids"])
         gen = arr["assistant_mask"][1:] == 1
-        assert gen.sum() == 32
+        assert gen.sum() == 136
         np.testing.assert_allclose(arr["logprobs"][1:][gen], ref[gen], atol=1e-4)
 
 
@@ -231,8 +241,11 @@ def test_compilations_are_bounded_in_a_multi_turn_run(model, layout):
     params = sampler.prepare(params)
     with traced_programs() as first:
         _multi_turn_run(sampler, params)
-    # At most one program per prefill bucket used plus one decode program.
-    assert 1 <= sum(first.values()) <= 3 and first["_decode"] == 1, first
+    # At most one program per (length bucket, window) pair: 3 x 3 prefill, 1 x 3 decode (per_layer;
+    # stacked attends over the whole cache: one window).
+    windows = len(sampler.window_buckets) if layout == "per_layer" else 1
+    assert sampler.window_buckets == (128, 192, 256)
+    assert 1 <= first["_prefill"] <= 3 * windows and 1 <= first["_decode"] <= windows, first
     # A sampler with the same settings (a new training run in the same process) compiles nothing.
     with traced_programs() as again:
         _multi_turn_run(make(), params)
