@@ -319,7 +319,8 @@ class Sampler:
         for slot, seed in zip(slots, seeds):
             remaining[slot] = max(0, min(max_new_tokens, self.max_len - 1 - int(lengths[slot])))
             row_seeds[slot] = np.uint32(seed % 2**32)
-        pieces = {slot: [] for slot in slots}  # (tokens, logprobs, sampling_logprobs) per chunk
+        empty = (np.zeros(0, np.int32), np.zeros(0, np.float32), np.zeros(0, np.float32))
+        pieces = {slot: [empty] for slot in slots}  # (tokens, logprobs, sampling_logprobs) per chunk
         stopped = dict.fromkeys(slots, False)
         going = [slot for slot in slots if remaining[slot] > 0]
         while going:
@@ -341,8 +342,7 @@ class Sampler:
             going = [slot for slot in going if not stopped[slot] and remaining[slot] > 0]
         results = {}
         for slot in slots:
-            parts = pieces[slot] or [(np.zeros(0, np.int32), np.zeros(0, np.float32), np.zeros(0, np.float32))]
-            toks, lp, slp = (np.concatenate(x) for x in zip(*parts))
+            toks, lp, slp = (np.concatenate(x) for x in zip(*pieces[slot]))
             results[slot] = Generation(tokens=toks, logprobs=lp, sampling_logprobs=slp,
                                        finish_reason="stop" if stopped[slot] else "length")
         return state, results
