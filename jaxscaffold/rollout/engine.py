@@ -8,10 +8,11 @@ others are mid-episode, and a slot waiting for its environment simply sits out a
 
 Compiled programs are bounded by bucketing: prefill lengths round up to `prefill_buckets`,
 decode lengths to `decode_buckets`, and (per_layer layout) the cache prefix a call attends
-over to `window_buckets` (128 x 1, 1.5, 2, 3, 4, 6, ...), so a step reads about the filled
-part of the cache, not its capacity: a decode runs in chunks, each in the smallest window that
-holds the longest row, until the rows stop. Batch and cache sizes are fixed per engine. Each
-chunk runs inside one jitted `lax.while_loop` with the cache donated.
+over to `window_buckets` (128 x 1, 1.5, 2, 3, 4, 6, ...; a prefill, the powers of two among
+them), so a step reads about the filled part of the cache, not its capacity: a decode runs
+in chunks, each in the smallest window that holds the longest row, until the rows stop. Batch
+and cache sizes are fixed per engine. Each chunk runs inside one jitted `lax.while_loop` with
+the cache donated.
 
 Sampling keys are per row and per position: the token at absolute position p of a row with
 seed s is drawn with `fold_in(key(s), p)`, so a row is reproducible from its seed whatever
@@ -257,12 +258,17 @@ class Sampler:
                                segment_ids=cache.segment_ids.at[idx].set(0))
         return SamplerState(cache=cache, logits_BV=state.logits_BV)
 
-    def _window(self, needed: int) -> int:
+    def _window(self, needed: int, prefill: bool = False) -> int:
         """The cache prefix a call attends over (per_layer): a bucket holding `needed` slots,
-        so a decode step reads the filled part of the cache, not the whole capacity."""
+        so a decode step reads the filled part of the cache, not the whole capacity. A prefill
+        reads it once, not once a step: it takes the powers of two among the buckets (and
+        max_len), half the programs to compile."""
         if self.layout != "per_layer":
             return self.max_len
-        return _bucket(min(needed, self.max_len), self.window_buckets, "a window")
+        buckets = self.window_buckets
+        if prefill:
+            buckets = tuple(w for w in buckets if w & (w - 1) == 0 or w == self.max_len)
+        return _bucket(min(needed, self.max_len), buckets, "a window")
 
     def prepare(self, params):
         """The parameters in the layout this sampler decodes with: what to pass to `extend`
@@ -292,7 +298,7 @@ class Sampler:
         for slot, toks in tokens.items():
             ids[slot, : len(toks)] = toks
             seg[slot, : len(toks)] = 1
-        window = self._window(max(int(lengths[slot]) + len(toks) for slot, toks in tokens.items()))
+        window = self._window(max(int(lengths[slot]) + len(toks) for slot, toks in tokens.items()), prefill=True)
         return _prefill(params, state, self._put(ids), self._put(seg), programs=self.programs, window=window)
 
     def _put(self, x: np.ndarray):
