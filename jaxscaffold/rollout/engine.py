@@ -220,7 +220,10 @@ class Sampler:
         self.stop_ids = np.asarray(sorted(set(stop_ids)), np.int32)
         self.prefill_buckets = tuple(prefill_buckets or _powers_of_two(16, max_len))
         self.decode_buckets = tuple(decode_buckets or _powers_of_two(16, max_len))
-        self.window_buckets = _window_buckets(max_len)
+        self.window_buckets = _window_buckets(max_len)  # decode: read every step
+        # A prefill reads its window once, not once a step: the powers of two among them (and
+        # max_len), half the programs to compile.
+        self.prefill_window_buckets = tuple(w for w in self.window_buckets if w & (w - 1) == 0 or w == max_len)
         self.mesh, self.rules = mesh, rules
         cpu = jax.default_backend() == "cpu"
         if layout == "auto":
@@ -258,16 +261,11 @@ class Sampler:
                                segment_ids=cache.segment_ids.at[idx].set(0))
         return SamplerState(cache=cache, logits_BV=state.logits_BV)
 
-    def _window(self, needed: int, prefill: bool = False) -> int:
-        """The cache prefix a call attends over (per_layer): a bucket holding `needed` slots,
-        so a decode step reads the filled part of the cache, not the whole capacity. A prefill
-        reads it once, not once a step: it takes the powers of two among the buckets (and
-        max_len), half the programs to compile."""
+    def _window(self, needed: int, buckets: Sequence[int]) -> int:
+        """The cache prefix a call attends over (per_layer): the bucket holding `needed` slots,
+        so a decode step reads the filled part of the cache, not the whole capacity."""
         if self.layout != "per_layer":
             return self.max_len
-        buckets = self.window_buckets
-        if prefill:
-            buckets = tuple(w for w in buckets if w & (w - 1) == 0 or w == self.max_len)
         return _bucket(min(needed, self.max_len), buckets, "a window")
 
     def prepare(self, params):
@@ -298,7 +296,8 @@ class Sampler:
         for slot, toks in tokens.items():
             ids[slot, : len(toks)] = toks
             seg[slot, : len(toks)] = 1
-        window = self._window(max(int(lengths[slot]) + len(toks) for slot, toks in tokens.items()), prefill=True)
+        window = self._window(max(int(lengths[slot]) + len(toks) for slot, toks in tokens.items()),
+                              self.prefill_window_buckets)
         return _prefill(params, state, self._put(ids), self._put(seg), programs=self.programs, window=window)
 
     def _put(self, x: np.ndarray):
@@ -330,7 +329,7 @@ class Sampler:
         stopped = dict.fromkeys(slots, False)
         going = [slot for slot in slots if remaining[slot] > 0]
         while going:
-            window = self._window(max(int(lengths[slot]) for slot in going) + 1)
+            window = self._window(max(int(lengths[slot]) for slot in going) + 1, self.window_buckets)
             active = np.zeros(self.batch_size, bool)
             max_new = np.zeros(self.batch_size, np.int32)
             for slot in going:
