@@ -79,11 +79,14 @@ def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
     return tuple(out) + (hi,)
 
 
+_MIN_WINDOW = 128  # the smallest cache prefix a per_layer call attends over
+
+
 def _window_buckets(max_len: int) -> tuple[int, ...]:
-    """Cache prefixes a per_layer call attends over: 128 x 1, 1.5, 2, 3, 4, 6, ... below
+    """Cache prefixes a per_layer decode attends over: 128 x 1, 1.5, 2, 3, 4, 6, ... below
     `max_len`, then `max_len`. A step reads its whole window (at window 256, about a fifth of a
     ~100M-model decode step on CPU), hence half-octave steps."""
-    out, b = [], 128
+    out, b = [], _MIN_WINDOW
     while b < max_len:
         out += [w for w in (b, b * 3 // 2) if w < max_len]
         b *= 2
@@ -221,9 +224,9 @@ class Sampler:
         self.prefill_buckets = tuple(prefill_buckets or _powers_of_two(16, max_len))
         self.decode_buckets = tuple(decode_buckets or _powers_of_two(16, max_len))
         self.window_buckets = _window_buckets(max_len)  # decode: read every step
-        # A prefill reads its window once, not once a step: the powers of two among them (and
-        # max_len), half the programs to compile.
-        self.prefill_window_buckets = tuple(w for w in self.window_buckets if w & (w - 1) == 0 or w == max_len)
+        # A prefill reads its window once, not once a step: powers of two (the decode windows'
+        # octaves), half the programs to compile.
+        self.prefill_window_buckets = _powers_of_two(_MIN_WINDOW, max_len)
         self.mesh, self.rules = mesh, rules
         cpu = jax.default_backend() == "cpu"
         if layout == "auto":
