@@ -18,7 +18,39 @@ sys.path.insert(0, ROOT)
 
 from jaxscaffold import config as config_lib  # noqa: E402
 
-USAGE = "usage: python launch/tpu_train.py --config NAME_OR_PATH [--config.FIELD=VALUE ...]"
+USAGE = "usage: python launch/tpu_train.py --config NAME_OR_PATH [--config.FIELD=VALUE ...] [--help]"
+# The files that declare the fields, and the prefix of their sections there (the comment on each
+# field's line is its documentation; the other config files only override values).
+FIELD_FILES = {"base.py": "c.", "rwml.py": "w."}
+
+
+def field_comments() -> dict[str, str]:
+    """{"rl.lr": "AdamW learning rate ...", ...} from the declaring config files' comments."""
+    import re
+    out = {}
+    for name, prefix in FIELD_FILES.items():
+        section = "" if prefix == "c." else "rwml."
+        pattern = re.compile(rf"^\s*{re.escape(prefix)}([\w.]+)\s*=.*?#\s*(.+)$")
+        for line in open(os.path.join(ROOT, "configs", name)):
+            m = pattern.match(line)
+            if m:
+                out[section + m.group(1)] = m.group(2).strip()
+    return out
+
+
+def describe(cfg: config_lib.RunConfig) -> str:
+    """Every field of `cfg`: its dotted name, current value and comment."""
+    comments = field_comments()
+    lines = []
+
+    def walk(d: dict, where: str) -> None:
+        for key, value in d.items():
+            if isinstance(value, dict):
+                walk(value, f"{where}{key}.")
+            else:
+                lines.append(f"  --config.{where}{key}={value!r}  # {comments.get(where + key, '')}".rstrip(" #"))
+    walk(cfg.to_dict(), "")
+    return "\n".join(lines)
 
 
 def config_path(value: str) -> str:
@@ -32,10 +64,12 @@ def config_path(value: str) -> str:
 
 def parse_args(argv: list[str]) -> config_lib.RunConfig:
     """`--config NAME` (or `--config=NAME`) and `--config.a.b=v` overrides -> the checked config."""
-    name, overrides = None, []
+    name, overrides, show_help = None, [], False
     args = iter(argv)
     for arg in args:
-        if arg == "--config":
+        if arg in ("--help", "-h"):
+            show_help = True
+        elif arg == "--config":
             name = next(args, None)
         elif arg.startswith("--config="):
             name = arg[len("--config="):]
@@ -47,9 +81,16 @@ def parse_args(argv: list[str]) -> config_lib.RunConfig:
         else:
             raise config_lib.ConfigError(f"unexpected argument {arg!r}; {USAGE}")
     if not name:
+        if show_help:
+            print(__doc__ + "\n" + USAGE)
+            sys.exit(0)
         raise config_lib.ConfigError(f"--config is required, e.g. --config tiny.py; {USAGE}")
     cd = config_lib.load_file(config_path(name))
-    return config_lib.from_configdict(config_lib.parse_overrides(cd, overrides))
+    cfg = config_lib.from_configdict(config_lib.parse_overrides(cd, overrides))
+    if show_help:
+        print(f"{USAGE}\n\nThe fields of {name} (with the overrides given):\n{describe(cfg)}")
+        sys.exit(0)
+    return cfg
 
 
 def main(argv: list[str]) -> None:

@@ -169,3 +169,17 @@ def test_the_launcher_refuses_a_bad_config_in_one_line_within_seconds(args, matc
     assert out.stderr.strip().splitlines() == [f"error: {match}"] or match in out.stderr and \
         len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert elapsed < 15, elapsed  # before any model is built (jax's import is most of it)
+
+
+def test_the_launcher_help_lists_every_field_with_its_value_and_comment():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "tpu_train.py"), "--config", "rwml_tiny.py",
+                          "--config.steps=3", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.startswith("  --config.")]
+    cfg = build(config_lib.load_file(os.path.join(ROOT, "configs", "rwml_tiny.py")))
+
+    def count(d):
+        return sum(count(v) if isinstance(v, dict) else 1 for v in d.values())
+    assert len(lines) == count(cfg.to_dict())
+    assert all("  # " in line for line in lines), [line for line in lines if "  # " not in line]
+    assert "  --config.steps=3  # training steps" in out.stdout
