@@ -473,3 +473,81 @@ def load_file(path: str) -> ConfigDict:
     if not isinstance(cd, ConfigDict):
         raise ConfigError(f"{path}: get_config() returned a {type(cd).__name__}, not a ConfigDict")
     return cd
+
+
+# ----------------------------------------------------------------------------- command lines
+
+
+def config_path(value: str, configs_dir: str) -> str:
+    """A config file: a path, or a file of `configs_dir` by name (".py" optional)."""
+    import os
+    for path in (value, os.path.join(configs_dir, value), os.path.join(configs_dir, value + ".py")):
+        if os.path.isfile(path):
+            return path
+    names = sorted(f for f in os.listdir(configs_dir) if f.endswith(".py")) if os.path.isdir(configs_dir) else []
+    raise ConfigError(f"no config {value!r} (not a file, not in configs/: {', '.join(names)})")
+
+
+def from_command_line(argv: Sequence[str], configs_dir: str) -> tuple[RunConfig | None, list[str], bool]:
+    """(the checked config of `--config NAME` and its `--config.a.b=v` overrides, or None when
+    no --config is given; the other arguments, for the caller; whether --help / -h was given)."""
+    name, overrides, rest, show_help = None, [], [], False
+    args = iter(argv)
+    for arg in args:
+        if arg in ("--help", "-h"):
+            show_help = True
+        elif arg == "--config":
+            name = next(args, None)
+        elif arg.startswith("--config="):
+            name = arg[len("--config="):]
+        elif arg.startswith("--config."):
+            item = arg[len("--config."):]
+            if "=" not in item:  # `--config.steps 10`
+                item += "=" + (next(args, None) or "")
+            overrides.append(item)
+        else:
+            rest.append(arg)
+    if not name:
+        if overrides:
+            raise ConfigError("--config.FIELD overrides need --config NAME_OR_PATH first")
+        return None, rest, show_help
+    cd = load_file(config_path(name, configs_dir))
+    return from_configdict(parse_overrides(cd, overrides)), rest, show_help
+
+
+# The files that declare the fields, and the prefix of their sections there (the comment on
+# each field's line documents it; the other config files only override values).
+FIELD_FILES = {"base.py": ("c.", ""), "rwml.py": ("w.", "rwml.")}
+
+
+def field_comments(configs_dir: str) -> dict[str, str]:
+    """{"rl.lr": "AdamW learning rate ...", ...} from the declaring config files' comments."""
+    import os
+    import re
+    out = {}
+    for name, (prefix, section) in FIELD_FILES.items():
+        path = os.path.join(configs_dir, name)
+        if not os.path.isfile(path):
+            continue
+        pattern = re.compile(rf"^\s*{re.escape(prefix)}([\w.]+)\s*=.*?#\s*(.+)$")
+        for line in open(path):
+            m = pattern.match(line)
+            if m:
+                out[section + m.group(1)] = m.group(2).strip()
+    return out
+
+
+def describe(cfg: RunConfig, configs_dir: str) -> str:
+    """Every field of `cfg`, a line each: `--config.name=value  # its comment`."""
+    comments = field_comments(configs_dir)
+    lines = []
+
+    def walk(d: dict, where: str) -> None:
+        for key, value in d.items():
+            if isinstance(value, dict):
+                walk(value, f"{where}{key}.")
+            else:
+                comment = comments.get(where + key)
+                lines.append(f"  --config.{where}{key}={value!r}" + (f"  # {comment}" if comment else ""))
+    walk(cfg.to_dict(), "")
+    return "\n".join(lines)

@@ -19,77 +19,17 @@ sys.path.insert(0, ROOT)
 from jaxscaffold import config as config_lib  # noqa: E402
 
 USAGE = "usage: python launch/tpu_train.py --config NAME_OR_PATH [--config.FIELD=VALUE ...] [--help]"
-# The files that declare the fields, and the prefix of their sections there (the comment on each
-# field's line is its documentation; the other config files only override values).
-FIELD_FILES = {"base.py": "c.", "rwml.py": "w."}
-
-
-def field_comments() -> dict[str, str]:
-    """{"rl.lr": "AdamW learning rate ...", ...} from the declaring config files' comments."""
-    import re
-    out = {}
-    for name, prefix in FIELD_FILES.items():
-        section = "" if prefix == "c." else "rwml."
-        pattern = re.compile(rf"^\s*{re.escape(prefix)}([\w.]+)\s*=.*?#\s*(.+)$")
-        for line in open(os.path.join(ROOT, "configs", name)):
-            m = pattern.match(line)
-            if m:
-                out[section + m.group(1)] = m.group(2).strip()
-    return out
-
-
-def describe(cfg: config_lib.RunConfig) -> str:
-    """Every field of `cfg`: its dotted name, current value and comment."""
-    comments = field_comments()
-    lines = []
-
-    def walk(d: dict, where: str) -> None:
-        for key, value in d.items():
-            if isinstance(value, dict):
-                walk(value, f"{where}{key}.")
-            else:
-                lines.append(f"  --config.{where}{key}={value!r}  # {comments.get(where + key, '')}".rstrip(" #"))
-    walk(cfg.to_dict(), "")
-    return "\n".join(lines)
-
-
-def config_path(value: str) -> str:
-    """A config file: a path, or a file of `configs/` by name (".py" optional)."""
-    for path in (value, os.path.join(ROOT, "configs", value), os.path.join(ROOT, "configs", value + ".py")):
-        if os.path.isfile(path):
-            return path
-    names = sorted(f for f in os.listdir(os.path.join(ROOT, "configs")) if f.endswith(".py"))
-    raise config_lib.ConfigError(f"no config {value!r} (not a file, not in configs/: {', '.join(names)})")
-
-
 def parse_args(argv: list[str]) -> config_lib.RunConfig:
-    """`--config NAME` (or `--config=NAME`) and `--config.a.b=v` overrides -> the checked config."""
-    name, overrides, show_help = None, [], False
-    args = iter(argv)
-    for arg in args:
-        if arg in ("--help", "-h"):
-            show_help = True
-        elif arg == "--config":
-            name = next(args, None)
-        elif arg.startswith("--config="):
-            name = arg[len("--config="):]
-        elif arg.startswith("--config."):
-            item = arg[len("--config."):]
-            if "=" not in item:  # `--config.steps 10`
-                item += "=" + (next(args, None) or "")
-            overrides.append(item)
-        else:
-            raise config_lib.ConfigError(f"unexpected argument {arg!r}; {USAGE}")
-    if not name:
-        if show_help:
-            print(__doc__ + "\n" + USAGE)
-            sys.exit(0)
-        raise config_lib.ConfigError(f"--config is required, e.g. --config tiny.py; {USAGE}")
-    cd = config_lib.load_file(config_path(name))
-    cfg = config_lib.from_configdict(config_lib.parse_overrides(cd, overrides))
+    """`--config NAME [--config.a.b=v ...] [--help]` -> the checked config (ConfigError if bad)."""
+    cfg, rest, show_help = config_lib.from_command_line(argv, os.path.join(ROOT, "configs"))
+    if rest:
+        raise config_lib.ConfigError(f"unexpected argument {rest[0]!r}; {USAGE}")
     if show_help:
-        print(f"{USAGE}\n\nThe fields of {name} (with the overrides given):\n{describe(cfg)}")
+        print(__doc__ + "\n" + USAGE if cfg is None else f"{USAGE}\n\nThe fields (with the overrides given):\n"
+              f"{config_lib.describe(cfg, os.path.join(ROOT, 'configs'))}")
         sys.exit(0)
+    if cfg is None:
+        raise config_lib.ConfigError(f"--config is required, e.g. --config tiny.py; {USAGE}")
     return cfg
 
 
