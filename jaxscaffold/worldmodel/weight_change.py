@@ -116,7 +116,7 @@ def weight_change(base: str, trained: str) -> dict:
     if not names_b:
         raise WeightChangeError(f"{base}: no attention or MLP matrices (layers.N.self_attn.q_proj.weight ...)")
     if set(names_b) != set(names_t):
-        missing = sorted(set(names_b) ^ set(names_t))[0]
+        missing = min(set(names_b) ^ set(names_t))
         raise WeightChangeError(f"the checkpoints hold different matrices (e.g. layer {missing[0]} {missing[1]})")
     layers: dict[int, dict] = {}
     total_diff2 = total_base2 = 0.0
@@ -141,7 +141,7 @@ def weight_change(base: str, trained: str) -> dict:
 def format_table(report: dict) -> str:
     """The per-layer table, the mean per module type and the overall change, as text."""
     modules = [m for m in MODULES if m in report["mean"]]
-    lines = [f"relative change ||W_trained - W_base||_F / ||W_base||_F",
+    lines = ["relative change ||W_trained - W_base||_F / ||W_base||_F",
              f"  base:    {report['base']}", f"  trained: {report['trained']}",
              f"{'layer':>6}" + "".join(f"{m:>11}" for m in modules)]
     for row in report["layers"]:

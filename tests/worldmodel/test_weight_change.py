@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from jaxscaffold.models import config as config_lib, hf_io, qwen3
+from jaxscaffold.models import config as config_lib
+from jaxscaffold.models import hf_io, qwen3
 from jaxscaffold.worldmodel import weight_change as wc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,7 +31,8 @@ def save(path, params, config=CONFIG, **kw) -> str:
 
 def run(*args):
     return subprocess.run([sys.executable, os.path.join(ROOT, "launch", "weight_change.py"), *map(str, args)],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+                          check=False, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ROOT})
 
 
 def numpy_reference(base: str, trained: str) -> dict:
