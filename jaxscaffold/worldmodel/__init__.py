@@ -2,6 +2,9 @@
 
 `triples` cuts trajectories into (history, action, next state) examples; `task` renders
 them as prompts and parses the model's `<next_state>` answer; `reward` scores a prediction
-by the embedding distance to the real next state (or an LLM judge); `difficulty` keeps the
-informative triples. `jaxscaffold.train.rwml` wires them into the training loop.
+by the embedding distance to the real next state (or an LLM judge), reading long states
+whole: `chunking` cuts a text past the embedder's token limit (`embedders`) into chunks it
+reads entirely; `difficulty` keeps the informative triples; `calibration` picks tau_d for an
+embedder; `weight_change` measures how far training moved the weights (RWML vs SFT).
+`jaxscaffold.train.rwml` wires them into the training loop.
 """
