@@ -24,7 +24,7 @@ def main() -> None:
     p.add_argument("trained", help="the HF checkpoint directory after training")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args()
-    from jaxscaffold.worldmodel.weight_change import WeightChangeError, format_table, weight_change
+    from jaxscaffold.models.weight_change import WeightChangeError, format_table, weight_change
     try:
         report = weight_change(args.base, args.trained)
     except WeightChangeError as e:

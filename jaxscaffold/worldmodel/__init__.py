@@ -5,6 +5,6 @@ them as prompts and parses the model's `<next_state>` answer; `reward` scores a 
 by the embedding distance to the real next state (or an LLM judge), reading long states
 whole: `chunking` cuts a text past the embedder's token limit (`embedders`) into chunks it
 reads entirely; `difficulty` keeps the informative triples; `calibration` picks tau_d for an
-embedder; `weight_change` measures how far training moved the weights (RWML vs SFT).
+embedder. (How far training moved the weights, RWML vs SFT: `jaxscaffold.models.weight_change`.)
 `jaxscaffold.train.rwml` wires them into the training loop.
 """

@@ -14,7 +14,7 @@ from safetensors.numpy import load_file
 
 from jaxscaffold.models import config as config_lib
 from jaxscaffold.models import hf_io, qwen3
-from jaxscaffold.worldmodel import weight_change as wc
+from jaxscaffold.models import weight_change as wc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = config_lib.tiny(vocab_size=512, num_layers=3)
@@ -121,9 +121,9 @@ def test_errors_are_one_line_with_exit_status_2(tmp_path, base_dir):
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "config.json").write_text(json.dumps(hf_io.config_to_hf(CONFIG, "float32")))
-    for args, match in [((base_dir, tmp_path / "missing"), "missing: not a directory"),
+    for args, match in [((base_dir, tmp_path / "missing"), "checkpoint directory not found"),
                         ((base_dir, other), "intermediate_size is 192"),
-                        ((base_dir, empty), "no .safetensors files")]:
+                        ((base_dir, empty), "no model.safetensors or model.safetensors.index.json")]:
         out = run(*args)
         assert out.returncode == 2 and out.stderr.startswith("error: ") and match in out.stderr, out.stderr
         assert len(out.stderr.strip().splitlines()) == 1

@@ -15,6 +15,7 @@ import re
 
 import numpy as np
 
+from jaxscaffold.models import hf_io
 from jaxscaffold.models import safetensors_io as st
 
 MODULES = ("q", "k", "v", "o", "gate", "up", "down")
@@ -31,30 +32,11 @@ class WeightChangeError(ValueError):
 
 
 def checkpoint_tensors(directory: str) -> dict[str, st.TensorInfo]:
-    """Every tensor of an HF checkpoint directory (model.safetensors, or the index's shards)."""
-    if not os.path.isdir(directory):
-        raise WeightChangeError(f"{directory}: not a directory")
-    index = os.path.join(directory, "model.safetensors.index.json")
-    if os.path.exists(index):
-        try:
-            with open(index) as f:
-                files = sorted(set(json.load(f)["weight_map"].values()))
-        except (OSError, ValueError, KeyError, AttributeError) as e:
-            raise WeightChangeError(f"{index}: unreadable index ({e})") from None
-    else:
-        files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
-    if not files:
-        raise WeightChangeError(f"{directory}: no .safetensors files")
-    infos: dict[str, st.TensorInfo] = {}
-    for name in files:
-        path = os.path.join(directory, name)
-        if not os.path.exists(path):
-            raise WeightChangeError(f"{directory}: shard {name} named in the index is missing")
-        try:
-            infos.update(st.read_header(path))
-        except st.SafetensorsError as e:
-            raise WeightChangeError(str(e)) from None
-    return infos
+    """Every tensor of an HF checkpoint directory (`hf_io.tensor_index`), or a WeightChangeError."""
+    try:
+        return hf_io.tensor_index(directory)
+    except hf_io.CheckpointError as e:
+        raise WeightChangeError(str(e)) from None
 
 
 def layer_matrices(infos: dict[str, st.TensorInfo]) -> dict[tuple[int, str], str]:
