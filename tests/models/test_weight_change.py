@@ -121,7 +121,7 @@ def test_errors_are_one_line_with_exit_status_2(tmp_path, base_dir):
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / "config.json").write_text(json.dumps(hf_io.config_to_hf(CONFIG, "float32")))
-    for args, match in [((base_dir, tmp_path / "missing"), "checkpoint directory not found"),
+    for args, match in [((base_dir, tmp_path / "missing"), "missing: not a directory"),
                         ((base_dir, other), "intermediate_size is 192"),
                         ((base_dir, empty), "no model.safetensors or model.safetensors.index.json")]:
         out = run(*args)
