@@ -505,7 +505,7 @@ class BFCLEnv:
       hidden_functions: "execute" (BFCL: held-out miss_func functions still run if called
         before their turn) or "reject" (treated as unknown until revealed).
       reveal_in: "user" (the held-out docs are written into the revealing user message) or
-        "system" (only `privileged["tools"]` / `system_prompt` change; for step-wise prompts
+        "system" (only `privileged["tools"]` / the observation's `system_prompt` change; for step-wise prompts
         rebuilt from the system prompt each step).
       state_probe: `(instances) -> picklable`, or its import path; its value is put in every
         observation's `privileged["probe"]` (for feedback that needs backend state across a
@@ -698,9 +698,9 @@ class BFCLEnv:
                 text = "\n\n".join([m["content"] for m in messages] + [text])
         else:
             text = "\n\n".join(m["content"] for m in messages)
-        priv = self._privileged([], role="user", revealed=revealed,
-                                with_prompt=first or bool(revealed))
-        return Observation(text, priv)
+        with_prompt = first or bool(revealed)
+        priv = self._privileged([], role="user", revealed=revealed, with_prompt=with_prompt)
+        return Observation(text, priv, system_prompt=self.system_prompt() if with_prompt else None)
 
     def _reveal_text(self, new_docs: list[dict]) -> str:
         if self.reveal_in == "system":
@@ -731,7 +731,6 @@ class BFCLEnv:
         if role == "tool":  # the whole observation text with OE, for the feedback layer
             p["oe_text"] = self._tool_text(records, oe=True)
         if with_prompt:
-            p["system_prompt"] = self.system_prompt(with_tools=True)
             p["instructions"] = self.system_prompt(with_tools=False)
             p["tools"] = self.tools
         if self.state_probe is not None:

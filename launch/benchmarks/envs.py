@@ -9,7 +9,8 @@ import time
 from benchmarks.common import REPORT
 from jaxscaffold.envs import registry
 from jaxscaffold.envs.gold import GOLD_ENV_KWARGS, GoldPolicy
-from jaxscaffold.envs.pool import EnvPool, is_failure
+from jaxscaffold.envs.base import is_failure
+from jaxscaffold.envs.pool import EnvPool
 
 SPLITS = {"sciworld": "test", "bfcl": "validation", "alfworld": "valid_unseen", "letters": "test", "tau2": "test"}
 
