@@ -25,8 +25,10 @@ def run_gold(tasks, workers: int) -> list[bool]:
     from jaxscaffold.envs.pool import EnvPool
     from jaxscaffold.episodes.agents import GoldAgent
     from jaxscaffold.episodes.driver import run_episodes
+    from jaxscaffold.feedback import enrichers
     won = []
-    with EnvPool(workers, env_kwargs=GOLD_ENV_KWARGS) as pool:
+    # With feedback's env hooks, as in training: the gold replay is enriched like the agent.
+    with EnvPool(workers, env_kwargs=enrichers.env_kwargs(GOLD_ENV_KWARGS)) as pool:
         for start in range(0, len(tasks), 4 * workers):
             for ep in run_episodes(GoldAgent(), pool, tasks[start:start + 4 * workers], max_turns=200):
                 if ep.failure is not None:

@@ -68,6 +68,8 @@ def episode_seed(run_seed: int, train_step: int, episode: int, turn: int) -> int
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
+    """The model's rollout options (`max_turns` is the caller's to pass to the driver)."""
+
     max_turns: int = 15
     max_new_tokens: int = 256
     enable_thinking: bool = False

@@ -120,7 +120,7 @@ def env_kwargs(cfg) -> dict[str, dict]:
 
 def make_envs(cfg, names):
     """The environments of a run: the process pool (`envs.num_workers` > 0) or in-process."""
-    kwargs = env_kwargs(cfg)
+    kwargs = enrichers_lib.env_kwargs(env_kwargs(cfg))  # with the hooks feedback needs inside the envs
     if cfg.envs.num_workers > 0:
         return EnvPool(cfg.envs.num_workers, step_timeout_s=cfg.envs.step_timeout_s, env_kwargs=kwargs)
     return LocalEnvs({n: registry.factory(n, **kwargs.get(n, {})) for n in names})

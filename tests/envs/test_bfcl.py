@@ -320,7 +320,7 @@ def _raising_transform(instance, method, kwargs, result):
 def test_oe_transform_stacks_on_result_transform_and_never_breaks_a_step():
     task = _task("multi_turn_base_0")
     env = B.BFCLEnv(tool_format="python", result_transform=_fs_transform,
-                    oe_transform="jaxscaffold.envs.bfcl:enrich_result")
+                    oe_transform="jaxscaffold.feedback.bfcl_oe:enrich_result")
     env.reset(task)
     r = env.step("[cd(folder='document')]")
     rec = r.observation.privileged["tool_results"][0]
