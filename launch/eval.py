@@ -19,31 +19,21 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_gold(env: str, tasks, workers: int) -> list[bool]:
-    from jaxscaffold.envs.gold import GOLD_ENV_KWARGS, GoldPolicy
-    from jaxscaffold.envs.pool import EnvPool, is_failure
+def run_gold(tasks, workers: int) -> list[bool]:
+    """Whether the gold policy won each task (an infrastructure failure counts as a loss)."""
+    from jaxscaffold.envs.gold import GOLD_ENV_KWARGS
+    from jaxscaffold.envs.pool import EnvPool
+    from jaxscaffold.episodes.agents import GoldAgent
+    from jaxscaffold.episodes.driver import run_episodes
+    from jaxscaffold.feedback import enrichers
     won = []
-    with EnvPool(workers, env_kwargs=GOLD_ENV_KWARGS) as pool:
+    # With feedback's env hooks, as in training: the gold replay is enriched like the agent.
+    with EnvPool(workers, env_kwargs=enrichers.env_kwargs(GOLD_ENV_KWARGS)) as pool:
         for start in range(0, len(tasks), 4 * workers):
-            chunk = tasks[start:start + 4 * workers]
-            obs = pool.reset(chunk)
-            policies = {i: GoldPolicy(env, o) for i, o in enumerate(obs) if not is_failure(o)}
-            live, result = dict(enumerate(obs)), {i: False for i in range(len(chunk))}
-            live = {i: o for i, o in live.items() if i in policies}
-            for _ in range(200):
-                if not live:
-                    break
-                out = pool.step({i: policies[i].act(o) for i, o in live.items()})
-                live = {}
-                for i, r in out.items():
-                    if is_failure(r):
-                        print(f"infrastructure failure: {r.reason}", file=sys.stderr)
-                        continue
-                    if r.done:
-                        result[i] = bool(r.info.get("won"))
-                    else:
-                        live[i] = r.observation
-            won += [result[i] for i in range(len(chunk))]
+            for ep in run_episodes(GoldAgent(), pool, tasks[start:start + 4 * workers], max_turns=200):
+                if ep.failure is not None:
+                    print(f"infrastructure failure: {ep.failure}", file=sys.stderr)
+                won.append(ep.won and ep.failure is None)
     return won
 
 
@@ -95,7 +85,7 @@ def main() -> None:
     tasks = tasks[: args.limit] if args.limit else tasks
     if args.policy == "model" and not (args.checkpoint or args.hf):
         sys.exit("error: --policy model needs --checkpoint or --hf")
-    won = run_gold(args.env, tasks, args.workers) if args.policy == "gold" else run_model(args, tasks)
+    won = run_gold(tasks, args.workers) if args.policy == "gold" else run_model(args, tasks)
     rate = sum(won) / max(len(won), 1)
     print(f"{args.env} {args.split}: {args.policy} policy won {sum(won)}/{len(won)} episodes ({rate:.1%})")
     if args.json:

@@ -32,7 +32,7 @@ import dataclasses
 import re
 import unicodedata
 
-__all__ = ["ParsedAction", "parse_action", "invalid_action_message", "clean_text"]
+__all__ = ["ParsedAction", "parse_action", "invalid_action_message", "clean_text", "action_of", "action_text"]
 
 DEFAULT_MAX_CHARS = 32_768  # input characters examined (the tail of the text)
 DEFAULT_MAX_ACTION_CHARS = 512  # longest accepted action
@@ -174,3 +174,15 @@ def invalid_action_message(error: str | None, *, tag: str = "action") -> str:
         f"Invalid output: {reason}. Think inside <think>...</think>, then give exactly one "
         f"action inside <{tag}>...</{tag}>."
     )
+
+
+def action_of(text: str) -> str:
+    """The action an agent's text names, as the tag envs report it (`StepResult.action`): the
+    `<action>` content, else the whole text stripped."""
+    parsed = parse_action(text)
+    return parsed.action if parsed.action is not None else text.strip()
+
+
+def action_text(action: str) -> str:
+    """The text a scripted agent writes to take `action` in an `<action>`-format env."""
+    return f"<action>{action}</action>"

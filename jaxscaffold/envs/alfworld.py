@@ -51,6 +51,7 @@ import unicodedata
 from pathlib import Path
 from typing import Any, Iterable
 
+from jaxscaffold.envs.actions import action_of
 from jaxscaffold.envs.base import EnvError, Observation, StepResult, Task
 
 NAME = "alfworld"
@@ -497,7 +498,8 @@ class ALFWorldEnv:
         if self._done:
             info = {"invalid": True, "won": self._won, "steps": self._steps,
                     "episode_over": True, "command": command[:MAX_ACTION_CHARS]}
-            return StepResult(Observation(EPISODE_OVER, self._privileged()), 0.0, True, info)
+            return StepResult(Observation(EPISODE_OVER, self._privileged()), 0.0, True, info,
+                              action=action_of(action_text))
         self._steps += 1
         admissible = self._infos.get("admissible_commands") or []
         invalid = len(command) > MAX_ACTION_CHARS or command not in admissible
@@ -530,7 +532,8 @@ class ALFWorldEnv:
             "command": command[:MAX_ACTION_CHARS],
             "task_type": self._params.get("task_type"),
         }
-        return StepResult(Observation(text, self._privileged()), reward, self._done, info)
+        return StepResult(Observation(text, self._privileged()), reward, self._done, info,
+                          action=action_of(action_text))
 
     def expert_plan(self) -> list[str] | None:
         """Replan from the current state with the engine's planner (~1 s); None if unavailable."""

@@ -9,7 +9,7 @@ unparsable or invalid actions with an observation that says so (`info["invalid"]
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping, Protocol, Sequence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,11 +25,15 @@ class Task:
 
 @dataclasses.dataclass
 class Observation:
-    """What the agent sees (`text`) and, separately, what only the feedback layer may use."""
+    """What the agent sees (`text`, `system_prompt`) and, separately, what only the feedback
+    layer (and the scripted gold / explorer policies) may use (`privileged`)."""
 
     text: str
     # e.g. "gold_actions", "goal_progress", "valid_actions", "tool_results", "turn"
     privileged: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The agent's system prompt, set on a reset observation by envs with per-task instructions
+    # (BFCL's function docs, tau2's policy and tools); None: the env's template (`prompts`).
+    system_prompt: str | None = None
 
 
 @dataclasses.dataclass
@@ -39,6 +43,10 @@ class StepResult:
     done: bool
     # e.g. "won", "score", "invalid" (the action could not be parsed or executed), "steps"
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The action the env read from the agent's text (e.g. the content of `<action>` tags), as
+    # feedback that follows a gold path and world-model triples compare it; None: the text as
+    # written (stripped).
+    action: str | None = None
 
 
 class Env(Protocol):
@@ -56,3 +64,34 @@ class Env(Protocol):
 class EnvError(RuntimeError):
     """An environment failed for infrastructure reasons (crash, hang, missing dependency),
     as opposed to the agent doing something invalid."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeFailure:
+    """An episode that failed for infrastructure reasons (never a reward); exclude it from
+    the batch."""
+
+    reason: str  # human-readable: "<exception type>: <message>" for an env that raised
+    kind: str  # "timeout" | "crash" | "lost" | "error"
+    episode: int
+    task: Task | None = None
+    worker: int | None = None  # the pool's worker process (None in process)
+
+
+def is_failure(x: object) -> bool:
+    return isinstance(x, EpisodeFailure)
+
+
+class EnvBatch(Protocol):
+    """One episode per task, stepped together: `jaxscaffold.envs.pool.EnvPool` (worker
+    processes) and `jaxscaffold.envs.local.LocalEnvs` (this process) implement it alike.
+
+    Episodes are indexed by their position in the last `reset`'s tasks; an env that raises
+    (any exception) fails its episode as `EpisodeFailure(kind="error")`, and a failed
+    episode's later steps return that failure again."""
+
+    def reset(self, tasks: Sequence[Task]) -> list[Observation | EpisodeFailure]: ...
+
+    def step(self, actions: Mapping[int, str]) -> dict[int, StepResult | EpisodeFailure]: ...
+
+    def close(self) -> None: ...

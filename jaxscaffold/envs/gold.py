@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from jaxscaffold.envs.actions import action_text
 from jaxscaffold.envs.base import Observation
 
 # Gold plays BFCL in its Python call-list format (the gold answers are Python call strings),
@@ -33,7 +34,7 @@ class GoldPolicy:
             return self._tau2(obs)
         action = self.plan[self.k] if self.k < len(self.plan) else "look around"
         self.k += 1
-        return f"<action>{action}</action>"
+        return action_text(action)
 
     def _tau2(self, obs: Observation) -> str:
         """tau2: the gold tool calls one per step (user-side ones too: without a user, telecom

@@ -49,11 +49,11 @@ import traceback
 import weakref
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from jaxscaffold.envs.base import Observation, StepResult, Task
+from jaxscaffold.envs.base import EpisodeFailure, Observation, StepResult, Task
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ENV_FACTORIES", "EnvPool", "EpisodeFailure", "is_failure"]
+__all__ = ["ENV_FACTORIES", "EnvPool"]
 
 #: env name -> "module:attribute" of a constructor taking keyword arguments (``env_kwargs``).
 #: Taken from `jaxscaffold.envs.registry.ENVS` when that module is there (one source of truth).
@@ -68,21 +68,6 @@ try:  # the registry imports no env module itself, so this stays cheap
     ENV_FACTORIES.update({name: f"{entry[0]}:{entry[2]}" for name, entry in _REGISTRY.items()})
 except Exception:  # pragma: no cover - registry absent or shaped differently
     pass
-
-
-@dataclasses.dataclass(frozen=True)
-class EpisodeFailure:
-    """An episode that failed for infrastructure reasons; exclude it from the batch."""
-
-    reason: str  # human-readable
-    kind: str  # "timeout" | "crash" | "lost" | "error"
-    episode: int
-    task: Task | None = None
-    worker: int | None = None
-
-
-def is_failure(x: object) -> bool:
-    return isinstance(x, EpisodeFailure)
 
 
 # ----------------------------------------------------------------------------- worker side

@@ -396,8 +396,9 @@ class ScienceWorldEnv:
         info.update(won=won, failed=failed, score=score, completed=bool(completed))
         text = raw if done else self._render(raw)
         obs = Observation(text=text, privileged=self._privileged(raw, score))
+        read = parsed.action if parsed.action is not None else str(action_text).strip()  # as written
         return StepResult(observation=obs, reward=self.reward_scale if won else 0.0, done=done,
-                          info=info)
+                          info=info, action=read)
 
     _last_score = 0
     _stock_valid: list[str] | None = None

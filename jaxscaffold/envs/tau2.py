@@ -43,7 +43,8 @@ Episode (one tau2 task):
 Privileged (`Observation.privileged`): `domain`, `tau2_task_id`, `solo`, `has_user`,
 `gold_actions` (the task's `evaluation_criteria.actions` as dicts), `gold_communicate`,
 `reward_basis`, `tool_results` of the step, `db_state` (the DB records touched so far, for
-the OE enricher), and on the reset observation `system_prompt`, `instructions`, `tools`.
+the OE enricher), and on the reset observation `instructions`, `tools`; the reset
+observation's `system_prompt` is the agent's (tau2's instructions, policy and tool schemas).
 """
 
 from __future__ import annotations
@@ -376,10 +377,9 @@ class Tau2Env:
                                    "conversation before the agent's first turn")
         self._instructions = instructions
         priv = self._privileged([])
-        priv.update(system_prompt=tau2_system_prompt(instructions, self._tools),
-                    instructions=instructions, tools=copy.deepcopy(self._tools),
+        priv.update(instructions=instructions, tools=copy.deepcopy(self._tools),
                     user_tools=copy.deepcopy(self._user_tools), policy=self._env.get_policy())
-        return Observation(text, priv)
+        return Observation(text, priv, system_prompt=tau2_system_prompt(instructions, self._tools))
 
     def step(self, action_text: str) -> StepResult:
         if self._done:

@@ -8,7 +8,7 @@ Reference-code forms reproduce the FEE code's text; paper forms follow the paper
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from jaxscaffold.envs.base import Observation
 
@@ -101,11 +101,11 @@ def bfcl_ag(obs: Observation, actions: Sequence[str]) -> str:
 
 def bfcl_oe(obs: Observation, actions: Sequence[str]) -> str:
     """The reference code: tool outputs enriched per class (current path and directory
-    listing, success text for `None`, vehicle / trading / travel notes). The env computes the
-    enriched text next to the plain one when the tools run (`jaxscaffold.envs.bfcl.
-    enrich_result`, also applied to the gold replay) and hands it over as
-    `privileged["oe_text"]`; this swaps it in on tool-output observations (BFCL AG never
-    changes those) and leaves user messages unchanged."""
+    listing, success text for `None`, vehicle / trading / travel notes). The rules
+    (`jaxscaffold.feedback.bfcl_oe`) run inside the env right after each call, where the
+    backend instances live (also on the gold replay; see `env_kwargs`), and the env hands the
+    enriched text over as `privileged["oe_text"]`; this swaps it in on tool-output
+    observations (BFCL AG never changes those) and leaves user messages unchanged."""
     p = obs.privileged
     if p.get("message_role") != "tool":
         return obs.text
@@ -162,3 +162,15 @@ def enricher(env: str, forms: dict[str, str] | None = None) -> Callable | None:
         return options[form](obs, actions)
 
     return enrich
+
+
+# Env constructor kwargs an enricher needs inside the env: its rules must run where the env's
+# state lives (BFCL: right after each call, in the env's worker process).
+ENV_HOOKS: dict[str, dict] = {"bfcl": {"oe_transform": "jaxscaffold.feedback.bfcl_oe:enrich_result"}}
+
+
+def env_kwargs(kwargs: Mapping[str, Mapping] | None = None) -> dict[str, dict]:
+    """Env name -> constructor kwargs: the enrichers' `ENV_HOOKS` under the given ones (which
+    win, e.g. `{"bfcl": {"oe_transform": None}}` turns BFCL's OE computation off)."""
+    kwargs = kwargs or {}
+    return {name: {**ENV_HOOKS.get(name, {}), **dict(kwargs.get(name, {}))} for name in {*ENV_HOOKS, *kwargs}}

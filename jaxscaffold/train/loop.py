@@ -26,10 +26,15 @@ from jax.experimental import multihost_utils
 from jaxscaffold.buckets import pow2_bucket
 from jaxscaffold.envs import registry
 from jaxscaffold.envs.base import Task
+from jaxscaffold.envs.local import LocalEnvs
 from jaxscaffold.envs.pool import EnvPool
+from jaxscaffold.episodes.agents import ModelAgent, RolloutConfig
+from jaxscaffold.episodes.driver import run_episodes
+from jaxscaffold.episodes.episode import Episode
 from jaxscaffold.feedback import bandit as bandit_lib
 from jaxscaffold.feedback import enrichers as enrichers_lib
 from jaxscaffold.feedback import schedule as schedule_lib
+from jaxscaffold.feedback.apply import Feedback
 from jaxscaffold.models import config as model_config_lib
 from jaxscaffold.models import hf_io, qwen3
 from jaxscaffold.models.sharding import MeshConfig, make_mesh, maybe_initialize_distributed, shard_batch
@@ -43,7 +48,6 @@ from jaxscaffold.rollout.sampling import GREEDY, SamplingConfig
 from jaxscaffold.train.batching import build_batch
 from jaxscaffold.train.checkpoint import Checkpointer
 from jaxscaffold.train.logger import MetricLogger, StepLog
-from jaxscaffold.train.rollouts import Episode, LocalEnvs, RolloutConfig, run_episodes
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +120,7 @@ def env_kwargs(cfg) -> dict[str, dict]:
 
 def make_envs(cfg, names):
     """The environments of a run: the process pool (`envs.num_workers` > 0) or in-process."""
-    kwargs = env_kwargs(cfg)
+    kwargs = enrichers_lib.env_kwargs(env_kwargs(cfg))  # with the hooks feedback needs inside the envs
     if cfg.envs.num_workers > 0:
         return EnvPool(cfg.envs.num_workers, step_timeout_s=cfg.envs.step_timeout_s, env_kwargs=kwargs)
     return LocalEnvs({n: registry.factory(n, **kwargs.get(n, {})) for n in names})
@@ -328,10 +332,13 @@ class EnvWorkload:
             flat = [tasks[g] for g in mine for _ in range(c.group_size)]
             groups = [g for g in mine for _ in range(c.group_size)]
             episode_ids = [g * c.group_size + r for g in mine for r in range(c.group_size)]
-            episodes = run_episodes(params, job.sampler, self.envs, job.tokenizer, flat, groups, rcfg,
-                                    seed=cfg.seed + 7919 * batch_index, train_step=step, episode_ids=episode_ids,
-                                    schedule=schedule, randomization_mode=cfg.feedback.mode,
-                                    num_groups=len(tasks), enrichers=self.enrichers) if flat else []
+            run_seed = cfg.seed + 7919 * batch_index
+            agent = ModelAgent(params, job.sampler, job.tokenizer, rcfg, seed=run_seed, train_step=step,
+                               episode_ids=episode_ids)
+            feedback = Feedback(schedule, self.enrichers, mode=cfg.feedback.mode, run_seed=run_seed,
+                                train_step=step, num_groups=len(tasks))
+            episodes = run_episodes(agent, self.envs, flat, groups, max_turns=rcfg.max_turns,
+                                    feedback=feedback) if flat else []
             for e in episodes:  # groups of different generation batches stay apart
                 e.group += batch_index * c.tasks_per_step
             batches += 1
@@ -397,9 +404,9 @@ class EnvWorkload:
         n = job.eval_sampler.batch_size
         for start in range(0, len(tasks), n):
             chunk = tasks[start:start + n]
-            episodes += run_episodes(params, job.eval_sampler, self.envs, job.tokenizer, chunk,
-                                     list(range(len(chunk))), rcfg, seed=job.cfg.seed + 1000, train_step=step,
-                                     schedule=None)
+            agent = ModelAgent(params, job.eval_sampler, job.tokenizer, rcfg, seed=job.cfg.seed + 1000,
+                               train_step=step)
+            episodes += run_episodes(agent, self.envs, chunk, max_turns=rcfg.max_turns)
         return episodes
 
     def evaluate(self, job: Job, params, step: int) -> dict[str, float]:

@@ -22,7 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxscaffold.envs.base import Task
-from jaxscaffold.envs.pool import is_failure
+from jaxscaffold.episodes.agents import ExplorerAgent, ModelAgent, RolloutConfig
+from jaxscaffold.episodes.driver import complete, run_episodes
+from jaxscaffold.episodes.episode import Episode
 from jaxscaffold.models.chat import Qwen3ChatRenderer
 from jaxscaffold.models.sharding import shard_batch
 from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_sft_step
@@ -33,7 +35,6 @@ from jaxscaffold.train import loop
 from jaxscaffold.train.batching import build_batch
 from jaxscaffold.train.export import export_checkpoint
 from jaxscaffold.train.logger import MetricLogger
-from jaxscaffold.train.rollouts import Episode, RolloutConfig, complete, run_episodes
 from jaxscaffold.worldmodel import difficulty, reward as reward_lib, task as task_lib, triples as triples_lib
 from jaxscaffold.worldmodel.embedders import make_embedder
 from jaxscaffold.worldmodel.triples import Triple
@@ -64,8 +65,8 @@ def policy_trajectories(job: loop.Job, params, envs, tasks: Sequence[Task]) -> l
     episodes = []
     for start in range(0, len(flat), sampler.batch_size):
         chunk = flat[start:start + sampler.batch_size]
-        episodes += run_episodes(params, sampler, envs, job.tokenizer, chunk, list(range(len(chunk))), rcfg,
-                                 seed=job.cfg.seed + 31 * start, train_step=0)
+        agent = ModelAgent(params, sampler, job.tokenizer, rcfg, seed=job.cfg.seed + 31 * start, train_step=0)
+        episodes += run_episodes(agent, envs, chunk, max_turns=rcfg.max_turns)
     return episodes
 
 
@@ -74,42 +75,8 @@ def explorer_trajectories(envs, tasks: Sequence[Task], *, rollouts_per_task: int
     """Trajectories of a scripted explorer: each step the next expert action with probability
     `gold_prob`, else a random admissible command. For runs whose policy cannot act yet (the
     embedded tiny default): the transitions are the env's real ones, and varied."""
-    rng = np.random.default_rng(seed)
     flat = [t for t in tasks for _ in range(rollouts_per_task)]
-    episodes = [Episode(t, i, Conversation()) for i, t in enumerate(flat)]
-    live = {}
-    for i, obs in enumerate(envs.reset(flat)):
-        if is_failure(obs):
-            episodes[i].failure = obs.reason
-            continue
-        episodes[i].observations.append(obs.text)
-        live[i] = obs
-    for _ in range(max_steps):
-        if not live:
-            break
-        actions = {}
-        for i, obs in live.items():
-            p = obs.privileged
-            choices = list(p.get("admissible_commands") or p.get("valid_actions") or [])
-            nxt = p.get("next_walkthrough_action")
-            if not choices and not nxt:
-                raise ValueError(f"{flat[i].env}: the explorer needs admissible commands in the observation")
-            action = nxt if nxt and (rng.random() < gold_prob or not choices) else choices[rng.integers(len(choices))]
-            episodes[i].actions.append(action)
-            actions[i] = f"<action>{action}</action>"
-        results = envs.step(actions)
-        live = {}
-        for i, res in results.items():
-            ep = episodes[i]
-            if is_failure(res):
-                ep.failure = res.reason
-                continue
-            ep.steps += 1
-            ep.observations.append(res.observation.text)
-            ep.won = ep.won or bool(res.info.get("won", False))
-            if not res.done:
-                live[i] = res.observation
-    return episodes
+    return run_episodes(ExplorerAgent(gold_prob=gold_prob, seed=seed), envs, flat, max_turns=max_steps)
 
 
 # ----------------------------------------------------------------------------- the data set

@@ -9,13 +9,15 @@ import time
 from benchmarks.common import REPORT
 from jaxscaffold.envs import registry
 from jaxscaffold.envs.gold import GOLD_ENV_KWARGS, GoldPolicy
-from jaxscaffold.envs.pool import EnvPool, is_failure
+from jaxscaffold.envs.base import is_failure
+from jaxscaffold.envs.pool import EnvPool
+from jaxscaffold.feedback import enrichers
 
 SPLITS = {"sciworld": "test", "bfcl": "validation", "alfworld": "valid_unseen", "letters": "test", "tau2": "test"}
 
 
 def steps_per_second(env: str, tasks, workers: int, env_kwargs=None, max_steps: int = 40) -> float:
-    kwargs = {env: {**GOLD_ENV_KWARGS.get(env, {}), **(env_kwargs or {})}}
+    kwargs = enrichers.env_kwargs({env: {**GOLD_ENV_KWARGS.get(env, {}), **(env_kwargs or {})}})
     with EnvPool(workers, env_kwargs=kwargs) as pool:
         obs = pool.reset(tasks)
         policies = {i: GoldPolicy(env, o) for i, o in enumerate(obs) if not is_failure(o)}

@@ -204,7 +204,7 @@ def test_turn_flow_observations_and_privileged():
     p = obs.privileged
     assert obs.text == entry["question"][0][0]["content"]
     assert p["turn"] == 0 and p["gold_calls"] == gold[0] and p["gold_calls_all"] == gold
-    assert p["message_role"] == "user" and "<tools>" in p["system_prompt"]
+    assert p["message_role"] == "user" and "<tools>" in obs.system_prompt
     names = {t["function"]["name"] for t in p["tools"]}
     assert {"cd", "mkdir", "post_tweet"} <= names
     assert all(t["function"]["parameters"]["type"] == "object" for t in p["tools"])
@@ -237,7 +237,7 @@ def test_miss_func_reveal_and_hidden_function_modes():
         env = B.BFCLEnv(tool_format="python", hidden_functions=mode)
         obs = env.reset(task)
         assert "sort" not in {d["name"] for d in env.func_docs}
-        assert '"name": "sort"' not in obs.privileged["system_prompt"]
+        assert '"name": "sort"' not in obs.system_prompt
         r = env.step("[sort(file_name='final_report.pdf')]")  # before its turn
         assert r.info["invalid"] == (mode == "reject")
         for t in range(3):
@@ -246,7 +246,7 @@ def test_miss_func_reveal_and_hidden_function_modes():
             r = env.step("done")
         obs = r.observation
         assert obs.privileged["turn"] == 3 and obs.privileged["revealed_functions"] == ["sort"]
-        assert '"name": "sort"' in obs.text and '"name": "sort"' in obs.privileged["system_prompt"]
+        assert '"name": "sort"' in obs.text and '"name": "sort"' in obs.system_prompt
         assert "sort" in {d["name"] for d in env.func_docs}
         r = env.step("[sort(file_name='final_report.pdf')]")
         assert not r.info["invalid"]
@@ -320,7 +320,7 @@ def _raising_transform(instance, method, kwargs, result):
 def test_oe_transform_stacks_on_result_transform_and_never_breaks_a_step():
     task = _task("multi_turn_base_0")
     env = B.BFCLEnv(tool_format="python", result_transform=_fs_transform,
-                    oe_transform="jaxscaffold.envs.bfcl:enrich_result")
+                    oe_transform="jaxscaffold.feedback.bfcl_oe:enrich_result")
     env.reset(task)
     r = env.step("[cd(folder='document')]")
     rec = r.observation.privileged["tool_results"][0]

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from jaxscaffold.envs.base import EnvError, Observation, StepResult, Task
-from jaxscaffold.envs.pool import EnvPool, EpisodeFailure, is_failure
+from jaxscaffold.envs.base import EnvError, EpisodeFailure, Observation, StepResult, Task, is_failure
+from jaxscaffold.envs.pool import EnvPool
 
 psutil = pytest.importorskip("psutil")
 

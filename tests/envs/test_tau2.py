@@ -155,7 +155,7 @@ def test_telecom_solo_mode():
     assert obs.privileged["solo"] and obs.text.startswith("Ticket:")
     names = {t["function"]["name"] for t in obs.privileged["tools"]}
     assert {"toggle_airplane_mode", "get_customer_by_phone", "done"} <= names  # user tools too
-    prompt = obs.privileged["system_prompt"]
+    prompt = obs.system_prompt
     assert "<tools>" in prompt and "<ticket>" in prompt and "<policy>" in prompt
     r = env.step("I will now check the phone.")  # tau2: no text to a user in solo mode
     assert r.done and r.info["termination"] == "agent_error" and r.reward == 0.0

@@ -14,10 +14,16 @@ pytest.importorskip("bfcl_eval")
 
 from jaxscaffold.envs import bfcl as B  # noqa: E402
 from jaxscaffold.envs.base import Observation  # noqa: E402
+from jaxscaffold.feedback import bfcl_oe as O  # noqa: E402
 from jaxscaffold.feedback import enrichers as E  # noqa: E402
 from tests.envs.test_bfcl import ALL, UNWINNABLE, _method, _task, _turns  # noqa: E402
 
 OE = E.enricher("bfcl")
+
+
+def _env(**kwargs) -> B.BFCLEnv:
+    """A BFCL env with feedback's hooks (OE computed in the env), as training builds it."""
+    return B.BFCLEnv(**{**E.env_kwargs()["bfcl"], **kwargs})
 
 
 def _state(x, seen: dict | None = None):
@@ -56,7 +62,7 @@ def _step(env: B.BFCLEnv, calls: list[str]) -> list:
 # ------------------------------------------------------------------------- GorillaFileSystem
 
 def test_file_system_rules():
-    env = B.BFCLEnv(tool_format="python")
+    env = _env(tool_format="python")
     env.reset(_task("multi_turn_base_0"))
     ws, doc = "/workspace", "/workspace/document"
     pdfs = ["final_report.pdf", "previous_report.pdf"]
@@ -113,7 +119,7 @@ def test_file_system_rules():
 # ------------------------------------------------------------------------- VehicleControlAPI
 
 def test_vehicle_rules():
-    env = B.BFCLEnv(tool_format="python")
+    env = _env(tool_format="python")
     env.reset(_task("multi_turn_base_56"))  # all four doors unlocked, 10 gallons, engine off
     doors = ["driver", "passenger", "rear_left", "rear_right"]
     out = _step(env, ["startEngine(ignitionMode='START')",
@@ -128,7 +134,7 @@ def test_vehicle_rules():
         "_ignition_diagnostic": {"all_doors_locked": False, "unlocked_doors": doors,
                                  "brake_pedal_position": 0.0, "fuel_gallons": 10.0,
                                  "battery_voltage": 12.6},
-        "_ignition_hint": B.IGNITION_HINT}
+        "_ignition_hint": O.IGNITION_HINT}
     # lock / unlock: the door grid and the number of unlocked doors
     assert out[1] == {"lockStatus": "locked", "remainingUnlockedDoors": 0,
                       "_door_status": dict.fromkeys(doors, "locked"), "_unlocked_doors": 0}
@@ -145,7 +151,7 @@ def test_vehicle_rules():
                       "check_tire_pressure()", "fillFuelTank(fuelAmount=5.0)"])
     assert out[1] == {"engineState": "running", "fuelLevel": 10.0, "batteryVoltage": 12.6}
     # tire pressure: what "healthy" means
-    assert out[2]["_tire_pressure_note"] == B.TIRE_NOTE and "30-35 psi" in B.TIRE_NOTE
+    assert out[2]["_tire_pressure_note"] == O.TIRE_NOTE and "30-35 psi" in O.TIRE_NOTE
     assert out[2]["healthy_tire_pressure"] is True
     assert out[3] == {"fuelLevel": 15.0}  # no reference rule for the other vehicle calls
 
@@ -153,10 +159,10 @@ def test_vehicle_rules():
 # ------------------------------------------------------------------------- TradingBot
 
 def test_trading_rules():
-    env = B.BFCLEnv(tool_format="python")
+    env = _env(tool_format="python")
     env.reset(_task("multi_turn_base_100"))  # logged in, market closed, balance 10000
     clock_closed = {"_system_time": "10:30 AM", "_market_status": "Closed",
-                    "_trading_hours": B.TRADING_HOURS, "_market_warning": B.MARKET_CLOSED}
+                    "_trading_hours": O.TRADING_HOURS, "_market_warning": O.MARKET_CLOSED}
     out = _step(env, ["get_current_time()",
                       "place_order(order_type='Buy', symbol='AAPL', price=250.0, amount=10)",
                       "update_market_status(current_time_str='10:30 AM')",
@@ -172,29 +178,29 @@ def test_trading_rules():
                       "_price_deviation_pct": 10.05, "_stale_price": True,
                       "_total_cost": 2500.0, "_remaining_balance": 7500.0}
     assert out[2] == {"status": "Open", "_system_time": "10:30 AM", "_market_status": "Open",
-                      "_trading_hours": B.TRADING_HOURS}  # open: no warning
+                      "_trading_hours": O.TRADING_HOURS}  # open: no warning
     assert out[3]["_price_deviation_pct"] == 0.0 and out[3]["_stale_price"] is False
     assert out[3]["_remaining_balance"] == 7728.4
     # a failed symbol lookup: browse by sector
-    assert out[4] == {"symbol": "Stock not found", "_lookup_hint": B.SECTOR_HINT}
-    assert out[5] == {"error": "Stock with symbol 'XYZ' not found.", "_lookup_hint": B.SECTOR_HINT}
+    assert out[4] == {"symbol": "Stock not found", "_lookup_hint": O.SECTOR_HINT}
+    assert out[5] == {"error": "Stock with symbol 'XYZ' not found.", "_lookup_hint": O.SECTOR_HINT}
     assert out[6] == {"symbol": "AAPL"}
     # order details: what the status means
     assert out[7]["status"] == "Completed"
-    assert out[7]["_status_meaning"] == B.ORDER_STATUS["Completed"]
-    assert out[8]["_status_meaning"] == B.ORDER_STATUS["Open"]
+    assert out[7]["_status_meaning"] == O.ORDER_STATUS["Completed"]
+    assert out[8]["_status_meaning"] == O.ORDER_STATUS["Open"]
     # not logged in: how to log in
     out = _step(env, ["trading_logout()", "get_account_info()",
                       "place_order(order_type='Sell', symbol='AAPL', price=1.0, amount=1)"])
     assert out[1] == {"error": "User not authenticated. Please log in to view account "
-                               "information.", "_login_hint": B.LOGIN_HINT}
-    assert out[2]["_login_hint"] == B.LOGIN_HINT and "_market_price" not in out[2]
+                               "information.", "_login_hint": O.LOGIN_HINT}
+    assert out[2]["_login_hint"] == O.LOGIN_HINT and "_market_price" not in out[2]
 
 
 # ------------------------------------------------------------------------- TravelAPI
 
 def test_travel_rules():
-    env = B.BFCLEnv(tool_format="python")
+    env = _env(tool_format="python")
     env.reset(_task("multi_turn_base_150"))  # token abc123token (3600 uses), one 5000 card
     card, token = "1234-5678-9012-3456", "abc123token"
     trip = "travel_date='2024-11-15', travel_class='economy'"
@@ -211,7 +217,7 @@ def test_travel_rules():
     # a failed verification: the rules
     assert out[0] == {"verification_status": False,
                       "verification_failure": "Passport must be issued by the United States.",
-                      "_verification_rules": B.TRAVELER_RULES}
+                      "_verification_rules": O.TRAVELER_RULES}
     assert out[1] == {"verification_status": True}
     # flight cost: affordability against the best card and the budget limit
     assert out[2] == {"travel_cost_list": [400.0], "_affordability": {
@@ -220,7 +226,7 @@ def test_travel_rules():
     # a failed booking: the IATA-code hint, or a snapshot of the card balances
     assert out[3] == {"booking_status": False,
                       "error": "Invalid departure airport code: San Francisco",
-                      "_token_calls_remaining": 3600, "_booking_hint": B.IATA_HINT}
+                      "_token_calls_remaining": 3600, "_booking_hint": O.IATA_HINT}
     assert out[4] == {"booking_status": False, "error": "Balance is less than budget limit",
                       "_token_calls_remaining": 3600, "_card_balances": {card: 5000.0},
                       "_budget_limit": 15400.0}
@@ -236,18 +242,18 @@ def test_travel_rules():
     assert out[2]["expires_in"] == 2 and out[2]["_token_calls_remaining"] == 2
     assert "_token_hint" not in out[2]
     assert out[3] == {"error": "Invalid access token", "_token_calls_remaining": 1,
-                      "_token_hint": B.TOKEN_HINT}
+                      "_token_hint": O.TOKEN_HINT}
 
 
 # ------------------------------------------------------------------------- rule table
 
 def test_rule_table_names_real_methods_and_rules_only_read_state():
-    for class_name, rules in B.OE_RULES.items():
+    for class_name, rules in O.OE_RULES.items():
         for rule in rules:
             for m in rule.methods or ():
                 assert not m.startswith("_") and callable(_method(m)), (class_name, m)
     import inspect
-    token_methods = {m for m in B.TRAVEL_TOKEN_METHODS if m != "authenticate_travel"}
+    token_methods = {m for m in O.TRAVEL_TOKEN_METHODS if m != "authenticate_travel"}
     assert token_methods == {d["name"] for d in B.func_docs(["TravelAPI"])
                              if "access_token" in d["parameters"]["properties"]}
     assert "access_token" in inspect.signature(_method("book_flight")).parameters
@@ -265,7 +271,7 @@ def test_rule_table_names_real_methods_and_rules_only_read_state():
                                 "get_credit_card_balance(access_token='x', card_id='y')"],
     }
     for entry_id, calls in script.items():
-        on, off = B.BFCLEnv(tool_format="python"), B.BFCLEnv(tool_format="python",
+        on, off = _env(tool_format="python"), _env(tool_format="python",
                                                              oe_transform=None)
         for env in (on, off):
             env.reset(_task(entry_id))
@@ -275,7 +281,7 @@ def test_rule_table_names_real_methods_and_rules_only_read_state():
 
 
 def test_enricher_leaves_user_messages_and_unenriched_outputs_alone():
-    env = B.BFCLEnv(tool_format="qwen")
+    env = _env(tool_format="qwen")
     obs = env.reset(_task("multi_turn_base_0"))
     assert OE("oe", obs, 0, []) == obs.text and "oe_text" not in obs.privileged
     r = env.step('<tool_call>\n{"name": "post_tweet", "arguments": {"content": "hi"}}\n'
@@ -311,12 +317,12 @@ def test_gold_replay_with_oe_on_every_turn_passes_the_checks():
 
     def strict(*args):
         try:
-            return B.enrich_result(*args)
+            return O.enrich_result(*args)
         except Exception as e:  # the dispatcher would fall back silently; count it here
             errors.append((args[1], repr(e)))
             raise
 
-    env = B.BFCLEnv(tool_format="python", oe_transform=strict, response_check_on="oe")
+    env = _env(tool_format="python", oe_transform=strict, response_check_on="oe")
     losers, enriched, gold_enriched = set(), 0, 0
     for task in ALL:
         shown = []
@@ -340,7 +346,7 @@ def test_oe_check_compares_enriched_with_enriched():
     reordered = [turn[0], turn[1], turn[3], turn[5], turn[2], turn[4], turn[6]]
     verdicts = {}
     for on in ("transformed", "oe"):
-        env = B.BFCLEnv(tool_format="python", response_check_on=on)
+        env = _env(tool_format="python", response_check_on=on)
         env.reset(task)
         for t, calls in enumerate(per_turn):
             env.step("[" + ", ".join(reordered if t == 1 else calls) + "]")
@@ -358,7 +364,7 @@ def test_oe_off_is_the_standard_env():
     extra = ["[pwd(), ls(), mkdir(dir_name='x'), startEngine(ignitionMode='START')]",
              "[get_flight_cost(travel_from='SFO', travel_to='LAX', travel_date='2024-11-15', "
              "travel_class='economy'), trading_logout(), get_account_info(), nope()]"]
-    on, off = B.BFCLEnv(tool_format="python"), B.BFCLEnv(tool_format="python", oe_transform=None)
+    on, off = _env(tool_format="python"), _env(tool_format="python", oe_transform=None)
 
     def strip(p: dict) -> dict:
         p = {k: v for k, v in p.items() if k not in ("oe_text", "tool_oe_outputs")}
@@ -389,7 +395,7 @@ def test_oe_off_is_the_standard_env():
 
 def test_oe_text_crosses_the_pool_process_boundary():
     from jaxscaffold.envs.pool import EnvPool
-    with EnvPool(1, env_kwargs={"bfcl": {"tool_format": "python"}}) as pool:
+    with EnvPool(1, env_kwargs=E.env_kwargs({"bfcl": {"tool_format": "python"}})) as pool:
         pool.reset([_task("multi_turn_base_0")])
         r = pool.step({0: "[cd(folder='document')]"})[0]
     assert r.observation.text == 'cd: {"current_working_directory": "document"}'

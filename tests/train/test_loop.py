@@ -185,7 +185,7 @@ def test_dapo_overlong_penalty_counts_the_longest_turn():
     from jaxscaffold.rl.presets import preset
     from jaxscaffold.rollout.conversation import Conversation
     from jaxscaffold.train.loop import shaped_rewards, turn_lengths
-    from jaxscaffold.train.rollouts import Episode
+    from jaxscaffold.episodes.episode import Episode
 
     def episode(turns, reward):
         conv = Conversation()

@@ -24,7 +24,7 @@ def embedder():
 @pytest.fixture(scope="module")
 def alfworld_triples(alfworld_data):
     from jaxscaffold.envs import registry
-    from jaxscaffold.train.rollouts import LocalEnvs
+    from jaxscaffold.envs.local import LocalEnvs
     from jaxscaffold.train.rwml import explorer_trajectories
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ALFWORLD_DATA", str(alfworld_data.root))

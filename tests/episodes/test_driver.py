@@ -1,4 +1,4 @@
-"""Rollouts: what the model is shown, and single-turn completions."""
+"""The episode driver with the model agent: what the model is shown, and single-turn completions."""
 
 import jax
 import numpy as np
@@ -10,7 +10,9 @@ from jaxscaffold.models.chat import Qwen3ChatRenderer
 from jaxscaffold.models.tokenizer import QwenOfflineTokenizer
 from jaxscaffold.rollout.engine import Sampler
 from jaxscaffold.rollout.sampling import SamplingConfig
-from jaxscaffold.train.rollouts import LocalEnvs, RolloutConfig, complete, run_episodes
+from jaxscaffold.envs.local import LocalEnvs
+from jaxscaffold.episodes.agents import ModelAgent, RolloutConfig
+from jaxscaffold.episodes.driver import complete, run_episodes
 
 CONFIG = model_config.tiny()
 
@@ -30,10 +32,10 @@ def test_the_env_system_prompt_reaches_the_model(params):
     envs.close()
     tools = [t["function"]["name"] if "function" in t else t["name"] for t in first.privileged["tools"]]
     sampler = Sampler(CONFIG, batch_size=1, max_len=4608, sampling=SamplingConfig())
-    ep = run_episodes(params, sampler, envs, tok, [task], [0], RolloutConfig(max_turns=1, max_new_tokens=4),
-                      seed=0, train_step=1)[0]
+    agent = ModelAgent(params, sampler, tok, RolloutConfig(max_new_tokens=4), seed=0, train_step=1)
+    ep = run_episodes(agent, envs, [task], [0], max_turns=1)[0]
     shown = tok.decode(ep.conversation.ids)
-    assert first.privileged["system_prompt"] in shown
+    assert first.system_prompt in shown
     assert all(name in shown for name in tools)
     assert ep.observations[0] == first.text
 
@@ -64,8 +66,8 @@ def test_a_prompt_that_does_not_fit_is_a_reported_failure(params):
     envs = LocalEnvs({"letters": registry.factory("letters")})
     tasks = registry.catalogue("letters", "train")[:2]
     sampler = Sampler(CONFIG, batch_size=2, max_len=32, sampling=SamplingConfig())
-    eps = run_episodes(params, sampler, envs, tok, tasks, [0, 1], RolloutConfig(max_turns=1, max_new_tokens=30),
-                       seed=0, train_step=1)
+    agent = ModelAgent(params, sampler, tok, RolloutConfig(max_new_tokens=30), seed=0, train_step=1)
+    eps = run_episodes(agent, envs, tasks, [0, 1], max_turns=1)
     assert all(e.failure and e.failure.startswith("context:") for e in eps)
 
 
@@ -78,8 +80,8 @@ def test_stepwise_rows_rebuild_the_prompt_with_a_history_window(params, monkeypa
     tasks = catalogue("train", 6)
     sampler = Sampler(CONFIG, batch_size=6, max_len=512, sampling=SamplingConfig())
     cfg = RolloutConfig(max_turns=3, max_new_tokens=6, representation="stepwise", history_window=1)
-    eps = run_episodes(params, sampler, LocalEnvs({"coin": CoinEnv}), tok, tasks, list(range(6)), cfg,
-                       seed=0, train_step=1)
+    eps = run_episodes(ModelAgent(params, sampler, tok, cfg, seed=0, train_step=1), LocalEnvs({"coin": CoinEnv}),
+                       tasks, list(range(6)), max_turns=cfg.max_turns)
     assert any(e.steps >= 2 for e in eps)
     for e in eps:
         rows = e.training_rows()
@@ -97,8 +99,8 @@ def test_stepwise_rows_rebuild_the_prompt_with_a_history_window(params, monkeypa
                     assert f"[Step {t - 1}] your action" not in text
             mask = row.assistant_mask
             assert sum(mask) > 0 and mask[-sum(mask):] == [1] * sum(mask)  # the response ends the row
-    traj = run_episodes(params, sampler, LocalEnvs({"coin": CoinEnv}), tok, tasks, list(range(6)),
-                        RolloutConfig(max_turns=3, max_new_tokens=6), seed=0, train_step=1)
+    agent = ModelAgent(params, sampler, tok, RolloutConfig(max_new_tokens=6), seed=0, train_step=1)
+    traj = run_episodes(agent, LocalEnvs({"coin": CoinEnv}), tasks, list(range(6)), max_turns=3)
     assert all(len(e.training_rows()) == 1 for e in traj)
 
 
@@ -127,8 +129,9 @@ def test_episodes_keep_their_samples_when_split_by_episode_ids(params, monkeypat
 
     def run(idx, ids):
         sampler = Sampler(CONFIG, batch_size=len(idx), max_len=512, sampling=SamplingConfig(1.0))
-        return run_episodes(params, sampler, LocalEnvs({"coin": CoinEnv}), tok, [tasks[i] for i in idx],
-                            [groups[i] for i in idx], cfg, seed=3, train_step=1, episode_ids=ids, num_groups=3)
+        agent = ModelAgent(params, sampler, tok, cfg, seed=3, train_step=1, episode_ids=ids)
+        return run_episodes(agent, LocalEnvs({"coin": CoinEnv}), [tasks[i] for i in idx], [groups[i] for i in idx],
+                            max_turns=cfg.max_turns)
 
     whole = run(range(6), list(range(6)))
     split = run(range(2), [0, 1]) + run(range(2, 6), [2, 3, 4, 5])
