@@ -35,7 +35,7 @@ from jaxscaffold.models import hf_io, qwen3
 from jaxscaffold.models.sharding import MeshConfig, make_mesh, maybe_initialize_distributed, shard_batch
 from jaxscaffold.models.tokenizer import load_tokenizer
 from jaxscaffold.rl import dapo
-from jaxscaffold.rl.advantages import advantages
+from jaxscaffold.rl.advantages import advantages, informative
 from jaxscaffold.rl.presets import preset
 from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_train_step, state_shardings
 from jaxscaffold.rollout.engine import Sampler
@@ -242,12 +242,13 @@ def rollout_metrics(episodes: list[Episode], prefix: str, *, across_processes: b
 
 
 def informative_share(summaries: Sequence[dict]) -> float:
-    """The share of groups whose rewards are not all equal (GRPO learns only from those)."""
+    """The share of groups whose rewards are not all equal (GRPO learns only from those).
+    On rewards, not successes: a shaped or continuous reward can make a group informative."""
     groups: dict[int, list[float]] = {}
     for e in summaries:
         if not e["failed"]:
             groups.setdefault(e["group"], []).append(e["reward"])
-    return float(np.mean([bandit_lib.informative(r) for r in groups.values()])) if groups else 0.0
+    return float(np.mean([informative(r) for r in groups.values()])) if groups else 0.0
 
 
 @dataclasses.dataclass
@@ -336,6 +337,7 @@ class EnvWorkload:
                 e.group += batch_index * c.tasks_per_step
             batches += 1
             if dynamic is not None and episodes:
+                # DAPO filters on binary success (`won`), as the reference does, not on the reward.
                 grouped = _group_stats(episodes)
                 dynamic.add([np.asarray([float(e.won) for e in eps]) for eps in grouped.values()],
                             payloads=list(grouped.values()))
