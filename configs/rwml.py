@@ -55,7 +55,7 @@ def rwml_fields() -> ConfigDict:
 
 def get_config():
     c = base.get_config()
-    c.job = "rwml"  # launch/tpu_train.py runs jaxscaffold.train.rwml.train_world_model
+    c.job = "rwml"  # launch/tpu_train.py runs jaxscaffold.train.workloads.world_model.train_world_model
     c.out_dir = "runs/rwml"
     c.steps = 100  # about 2 epochs of ~1600 filtered triples at 32 per step (the paper: 2 epochs)
     c.model.preset = "qwen3-8b"  # set model.hf_path to a local checkpoint (the paper: Qwen2.5-7B-Instruct / Qwen3-8B)

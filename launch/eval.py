@@ -50,8 +50,9 @@ def run_gold(env: str, tasks, workers: int) -> list[bool]:
 def run_model(args, tasks) -> list[bool]:
     from ml_collections import ConfigDict
 
-    from jaxscaffold.train import loop
     from jaxscaffold.train.checkpoint import Checkpointer
+    from jaxscaffold.train.job import build_job
+    from jaxscaffold.train.workloads.env_rl import EnvWorkload
     if args.checkpoint:
         ckpt = Checkpointer(os.path.join(args.checkpoint, "checkpoints"), async_save=False)
         cfg = ConfigDict(ckpt.restore_extra()["config"])
@@ -63,14 +64,13 @@ def run_model(args, tasks) -> list[bool]:
     cfg.envs.eval, cfg.envs.eval_split, cfg.eval.tasks = args.env, args.split, len(tasks)
     cfg.envs.train, cfg.envs.train_split = args.env, args.split
     cfg.envs.num_workers = args.workers
-    job, state = loop._job(cfg)
+    job, state = build_job(cfg)
     if args.checkpoint:
         state, _ = ckpt.restore(state)
         ckpt.close()
-    work = loop.EnvWorkload(job)
-    work.eval_tasks = tasks
+    work = EnvWorkload(job)
     try:
-        episodes = work.evaluate_episodes(job, state.params, step=0)
+        episodes = work.evaluate_episodes(job, state.params, step=0, tasks=tasks)
     finally:
         work.close()
     return [e.won for e in episodes if e.failure is None]

@@ -50,9 +50,9 @@ def main(_):
         sys.exit("error: --config is required, e.g. --config tiny.py")
     job = cfg.get("job", "rl")
     if job == "rl":  # task RL on environments (FEE, the standard baseline, RWML's stage 2)
-        from jaxscaffold.train.loop import train
+        from jaxscaffold.train.trainer import train
     elif job == "rwml":  # world-model RL (RWML's stage 1)
-        from jaxscaffold.train.rwml import train_world_model as train
+        from jaxscaffold.train.workloads.world_model import train_world_model as train
     else:
         sys.exit(f"error: unknown job {job!r} in the config (rl, rwml)")
     result = train(cfg)

@@ -3,5 +3,5 @@
 `triples` cuts trajectories into (history, action, next state) examples; `task` renders
 them as prompts and parses the model's `<next_state>` answer; `reward` scores a prediction
 by the embedding distance to the real next state (or an LLM judge); `difficulty` keeps the
-informative triples. `jaxscaffold.train.rwml` wires them into the training loop.
+informative triples. `jaxscaffold.train.workloads.world_model` wires them into training.
 """

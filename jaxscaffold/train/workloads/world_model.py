@@ -5,14 +5,16 @@
   mostly dropped) -> GRPO on `<next_state>` answers rewarded by embedding distance (d < tau_d),
   KL to the initial policy -> evaluation: world-model accuracy on held-out triples -> HF export.
 
-Stage 2 is ordinary task RL (`jaxscaffold.train.loop.train`) from the exported checkpoint
+Stage 2 is ordinary task RL (`jaxscaffold.train.trainer.train`) from the exported checkpoint
 (`configs/rwml_policy.py`). `train_world_model(cfg)` runs stage 1; the WM-SFT baseline
-(`rwml.objective = "sft"`) fits the same triples with token-level cross-entropy instead.
+(`rwml.objective = "sft"`, `train_wm_sft`) fits the same triples with token-level
+cross-entropy instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from typing import Any, Sequence
@@ -29,11 +31,17 @@ from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_sf
 from jaxscaffold.rollout.conversation import Conversation
 from jaxscaffold.rollout.engine import Sampler
 from jaxscaffold.rollout.sampling import GREEDY, SamplingConfig
-from jaxscaffold.train import loop
 from jaxscaffold.train.batching import build_batch
+from jaxscaffold.train.checkpoint import Checkpointer
+from jaxscaffold.train.envs import make_envs
 from jaxscaffold.train.export import export_checkpoint
+from jaxscaffold.train.job import Job, build_job
 from jaxscaffold.train.logger import MetricLogger
+from jaxscaffold.train.metrics import rollout_metrics
+from jaxscaffold.train.multihost import allgather_json, process_share, sampler_params
 from jaxscaffold.train.rollouts import Episode, RolloutConfig, complete, run_episodes
+from jaxscaffold.train.tasks import TaskStream, env_names, load_tasks
+from jaxscaffold.train.trainer import train
 from jaxscaffold.worldmodel import difficulty, reward as reward_lib, task as task_lib, triples as triples_lib
 from jaxscaffold.worldmodel.embedders import make_embedder
 from jaxscaffold.worldmodel.triples import Triple
@@ -47,12 +55,13 @@ DATA_FILE = "triples.jsonl"  # the prepared data set; a resumed run reads it ins
 
 
 def _collect_tasks(cfg) -> list[Task]:
-    tasks = loop._tasks(cfg.envs.train, cfg.envs.train_split)
-    order = np.random.default_rng(cfg.seed).permutation(len(tasks))[: cfg.rwml.collect_tasks]
+    tasks = load_tasks(cfg.envs.train, cfg.envs.train_split)
+    order = np.random.default_rng(cfg.seed).permutation(len(tasks))
+    order = order[: cfg.rwml.collect_tasks]
     return [tasks[i] for i in order]
 
 
-def policy_trajectories(job: loop.Job, params, envs, tasks: Sequence[Task]) -> list[Episode]:
+def policy_trajectories(job: Job, params, envs, tasks: Sequence[Task]) -> list[Episode]:
     """N rollouts per task of the current policy (the paper's way; temperature from rwml)."""
     w = job.cfg.rwml
     rcfg = RolloutConfig(max_turns=w.collect_max_turns, max_new_tokens=job.cfg.rollout.max_new_tokens,
@@ -142,7 +151,7 @@ def heldout_split(triples: Sequence[Triple], share: float, seed: int) -> tuple[l
             [t for t in triples if (t.env, t.task_id) in held])
 
 
-def prepare_data(job: loop.Job, params, reward_fn) -> WorldModelData:
+def prepare_data(job: Job, params, reward_fn) -> WorldModelData:
     """Collects, splits and filters the triples once; later calls (a resumed run) read them
     back from out_dir/triples.jsonl so the data set never changes under a run."""
     cfg, w = job.cfg, job.cfg.rwml
@@ -152,7 +161,7 @@ def prepare_data(job: loop.Job, params, reward_fn) -> WorldModelData:
         train = [t for t, c in zip(triples, cols) if c["split"] == "train" and c["kept"]]
         heldout = [t for t, c in zip(triples, cols) if c["split"] == "heldout"]
         return WorldModelData(train, heldout, {"triples/train": float(len(train))})
-    envs = loop.make_envs(cfg, set(loop.env_names(cfg.envs.train)))
+    envs = make_envs(cfg, set(env_names(cfg.envs.train)))
     try:
         tasks = _collect_tasks(cfg)
         if w.collect_policy == "model":
@@ -199,7 +208,7 @@ def prepare_data(job: loop.Job, params, reward_fn) -> WorldModelData:
 # ----------------------------------------------------------------------------- difficulty filter
 
 
-def sft_on(job: loop.Job, params, triples: Sequence[Triple], *, steps: int, batch_size: int, lr: float,
+def sft_on(job: Job, params, triples: Sequence[Triple], *, steps: int, batch_size: int, lr: float,
            seed: int, logger: MetricLogger | None = None, prefix: str = "sft"):
     """`steps` SFT steps on the real next states of `triples` (batches drawn with replacement
     after a shuffle); returns the new parameters (the input ones are left untouched)."""
@@ -229,7 +238,7 @@ def sft_on(job: loop.Job, params, triples: Sequence[Triple], *, steps: int, batc
     return state.params
 
 
-def sample_answers(job: loop.Job, params, triples: Sequence[Triple], *, samples: int, seed: int,
+def sample_answers(job: Job, params, triples: Sequence[Triple], *, samples: int, seed: int,
                    greedy: bool = False, first_row: int = 0) -> list[tuple[Conversation, str]]:
     """`samples` answers per triple (rows of one triple adjacent; row seeds keyed from
     `first_row`, so a process's share samples as those rows of the whole batch would)."""
@@ -241,7 +250,7 @@ def sample_answers(job: loop.Job, params, triples: Sequence[Triple], *, samples:
                     seed=seed, first_row=first_row)
 
 
-def difficulty_filter(job: loop.Job, params, triples: Sequence[Triple], reward_fn):
+def difficulty_filter(job: Job, params, triples: Sequence[Triple], reward_fn):
     """The paper's filter on the training triples: a predictor SFT'd on `sft_share` of them
     samples K answers for each of the rest; easy ones (mean reward >= tau_easy) stay with
     probability p_keep_easy. Returns (kept, easy, mean reward, predictor indices, stats); the
@@ -249,15 +258,19 @@ def difficulty_filter(job: loop.Job, params, triples: Sequence[Triple], reward_f
     f = job.cfg.rwml.filter
     fc = difficulty.FilterConfig(sft_share=f.sft_share, samples=f.samples, tau_d=f.tau_d, tau_easy=f.tau_easy,
                                  p_keep_easy=f.p_keep_easy)
-    pred_idx, rest_idx = difficulty.split_for_predictor(len(triples), fc.sft_share, job.cfg.seed)
+    run_seed = job.cfg.seed
+    pred_idx, rest_idx = difficulty.split_for_predictor(len(triples), fc.sft_share,
+                                                        run_seed)
     predictor = sft_on(job, params, [triples[i] for i in pred_idx], steps=f.sft_steps, batch_size=f.sft_batch,
-                       lr=f.sft_lr, seed=job.cfg.seed)
+                       lr=f.sft_lr, seed=run_seed)
     rest = [triples[i] for i in rest_idx]
-    answers = sample_answers(job, predictor, rest, samples=fc.samples, seed=job.cfg.seed + 17)
+    answers = sample_answers(job, predictor, rest, samples=fc.samples,
+                             seed=run_seed + 17)
     targets = [t.next_state for t in rest for _ in range(fc.samples)]
     rewards = reward_fn([a for _, a in answers], targets, fc.tau_d)[0].reshape(len(rest), fc.samples)
     mean = rewards.mean(axis=1)
-    keep_rest, easy_rest = difficulty.keep_mask(mean, fc.tau_easy, fc.p_keep_easy, job.cfg.seed)
+    keep_rest, easy_rest = difficulty.keep_mask(mean, fc.tau_easy, fc.p_keep_easy,
+                                                run_seed)
     kept, easy, mean_r = [False] * len(triples), [False] * len(triples), [float("nan")] * len(triples)
     for j, i in enumerate(rest_idx):
         kept[i], easy[i], mean_r[i] = bool(keep_rest[j]), bool(easy_rest[j]), float(mean[j])
@@ -274,7 +287,7 @@ def difficulty_filter(job: loop.Job, params, triples: Sequence[Triple], reward_f
 # ----------------------------------------------------------------------------- rewards
 
 
-def make_reward(job: loop.Job):
+def make_reward(job: Job):
     """`reward_fn(answers, targets, tau_d) -> (rewards, distances)` from the config."""
     w = job.cfg.rwml
     if w.reward == "embedding":
@@ -290,7 +303,7 @@ def make_reward(job: loop.Job):
     raise ValueError(f"unknown rwml.reward {w.reward!r} (embedding, judge_binary, judge_continuous)")
 
 
-def _judge_chat(job: loop.Job):
+def _judge_chat(job: Job):
     """A chat callable on a local judge model (rwml.judge_path: an HF dir), greedy."""
     from jaxscaffold.models import hf_io
     from jaxscaffold.models.tokenizer import load_tokenizer
@@ -316,26 +329,27 @@ def _task_of(t: Triple) -> Task:
 
 
 class WorldModelWorkload:
-    """What `loop.train` runs in stage 1: each step, `tasks_per_step` triples x `group_size`
+    """What `trainer.train` runs in stage 1: each step, `tasks_per_step` triples x `group_size`
     sampled answers, rewarded by the embedding distance (tau_d = rwml.tau_d); evaluation:
     greedy answers on the held-out triples."""
 
-    def __init__(self, job: loop.Job, params):
+    def __init__(self, job: Job, params):
         self.reward_fn = make_reward(job)
         self.data = prepare_data(job, params, self.reward_fn)
-        self.stream = loop.TaskStream(self.data.train, seed=job.cfg.seed)
+        self.stream = TaskStream(self.data.train, seed=job.cfg.seed)
         self.chat = Qwen3ChatRenderer(job.tokenizer)
         self.reported = False
 
-    def collect(self, job: loop.Job, params, step: int) -> tuple[list[Episode], dict]:
+    def collect(self, job: Job, params, step: int) -> tuple[list[Episode], dict]:
         """This process's share of the step's triples (all of them on one process), each with
         `group_size` sampled answers; metrics over every process's."""
         c, w = job.cfg.rollout, job.cfg.rwml
         everyone = self.stream.take(c.tasks_per_step)  # every process takes them: streams stay equal
-        share = list(loop.process_share(c.tasks_per_step))
+        share = list(process_share(c.tasks_per_step))
         triples = [everyone[g] for g in share]
-        answers = sample_answers(job, loop._sampler_params(params), triples, samples=c.group_size,
-                                 seed=job.cfg.seed + 7919 * step, first_row=(share[0] if share else 0) * c.group_size)
+        answers = sample_answers(job, sampler_params(params), triples, samples=c.group_size,
+                                 seed=job.cfg.seed + 7919 * step,
+                                 first_row=(share[0] if share else 0) * c.group_size)
         targets = [t.next_state for t in triples for _ in range(c.group_size)]
         rewards, distances = self.reward_fn([a for _, a in answers], targets, w.tau_d)
         episodes = []
@@ -343,23 +357,23 @@ class WorldModelWorkload:
             g = share[i // c.group_size]
             episodes.append(Episode(_task_of(everyone[g]), g, conv, reward=float(r), won=bool(r > 0),
                                     steps=1, done=True))
-        distances = np.asarray([d for part in loop.allgather_json([float(x) for x in distances]) for d in part])
-        stats = {**loop.rollout_metrics(episodes, "rollout", across_processes=True),
+        distances = np.asarray([d for part in allgather_json([float(x) for x in distances]) for d in part])
+        stats = {**rollout_metrics(episodes, "rollout", across_processes=True),
                  **_distance_metrics(distances, w.tau_d, "rollout")}
         if not self.reported:  # the data set's figures, once, in the first step's metrics
             stats.update(self.data.stats)
             self.reported = True
         return episodes, stats
 
-    def evaluate(self, job: loop.Job, params, step: int) -> dict[str, float]:
+    def evaluate(self, job: Job, params, step: int) -> dict[str, float]:
         """Greedy answers on the held-out triples (each process its share), metrics over all."""
         w = job.cfg.rwml
         everyone = self.data.heldout[: job.cfg.eval.tasks]
-        heldout = [everyone[i] for i in loop.process_share(len(everyone))]
-        answers = sample_answers(job, loop._sampler_params(params), heldout, samples=1, seed=job.cfg.seed + 1000,
-                                 greedy=True)
+        heldout = [everyone[i] for i in process_share(len(everyone))]
+        answers = sample_answers(job, sampler_params(params), heldout, samples=1,
+                                 seed=job.cfg.seed + 1000, greedy=True)
         rewards, distances = self.reward_fn([a for _, a in answers], [t.next_state for t in heldout], w.tau_d)
-        parts = loop.allgather_json([[float(r), float(d)] for r, d in zip(rewards, distances)])
+        parts = allgather_json([[float(r), float(d)] for r, d in zip(rewards, distances)])
         rewards, distances = np.asarray([x for part in parts for x in part]).reshape(-1, 2).T
         return {"eval/success": float(rewards.mean()), **_distance_metrics(distances, w.tau_d, "eval")}
 
@@ -387,9 +401,9 @@ def train_world_model(cfg) -> dict[str, Any]:
     """Stage 1 of RWML (or the WM-SFT baseline), then an HF export to `rwml.export_dir`
     (default out_dir/hf) for stage 2."""
     if cfg.rwml.objective == "rl":
-        out = loop.train(cfg, workload=WorldModelWorkload)
+        out = train(cfg, workload=WorldModelWorkload)
     elif cfg.rwml.objective == "sft":
-        out = _wm_sft(cfg)
+        out = train_wm_sft(cfg)
     else:
         raise ValueError(f"unknown rwml.objective {cfg.rwml.objective!r} (rl, sft)")
     export_dir = cfg.rwml.export_dir or os.path.join(cfg.out_dir, "hf")
@@ -399,12 +413,11 @@ def train_world_model(cfg) -> dict[str, Any]:
     return out
 
 
-def _wm_sft(cfg) -> dict[str, Any]:
-    """WM-SFT: token-level cross-entropy on every training triple's next state, epochs over
-    the data set, then the held-out accuracy; saved as a checkpoint like an RL run."""
-    from jaxscaffold.train.checkpoint import Checkpointer
-    import json
-    job, state = loop._job(cfg)
+def train_wm_sft(cfg) -> dict[str, Any]:
+    """WM-SFT (the baseline objective, not a workload: no rollouts, no RL step): token-level
+    cross-entropy on the training triples' next states (`steps` batches of `tasks_per_step`),
+    then the held-out accuracy; saved as a checkpoint like an RL run."""
+    job, state = build_job(cfg)
     work = WorldModelWorkload(job, state.params)
     steps = cfg.steps
     logger = MetricLogger(cfg.out_dir, total_steps=steps)
