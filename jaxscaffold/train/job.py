@@ -10,6 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxscaffold import seeds
 from jaxscaffold.models import config as model_config_lib
 from jaxscaffold.models import hf_io, qwen3
 from jaxscaffold.models.sharding import MeshConfig, make_mesh, maybe_initialize_distributed
@@ -46,7 +47,7 @@ def build_model(cfg, mesh):
         config = model_config_lib.tiny(param_dtype=m.param_dtype, **execution)
     else:
         config = model_config_lib.preset(m.preset, param_dtype=m.param_dtype, **execution)
-    return config, qwen3.init_params(config, jax.random.key(cfg.seed), mesh=mesh)
+    return config, qwen3.init_params(config, jax.random.key(seeds.derive(cfg.seed, "init")), mesh=mesh)
 
 
 def tokenizer_path(m) -> str | None:

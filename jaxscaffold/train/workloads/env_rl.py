@@ -10,6 +10,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from jaxscaffold import seeds
 from jaxscaffold.envs.base import Task
 from jaxscaffold.feedback import bandit as bandit_lib
 from jaxscaffold.feedback import enrichers as enrichers_lib
@@ -66,7 +67,7 @@ class EnvWorkload:
                 raise ValueError(f"unknown feedback.bandit_signal {f.bandit_signal!r}; known: informative, success")
         else:
             self.schedule = schedule_lib.make(f.schedule, p=f.probability, switch=f.switch_step)
-        self.stream = TaskStream(load_tasks(cfg.envs.train, cfg.envs.train_split), seed=cfg.seed)
+        self.stream = TaskStream(load_tasks(cfg.envs.train, cfg.envs.train_split), seed=seeds.derive(cfg.seed, "tasks"))
         self.eval_tasks = load_tasks(cfg.envs.eval, cfg.envs.eval_split, limit=cfg.eval.tasks)
         forms = {"ag": f.ag_form, "oe": f.oe_form}
         self.enrichers = {n: e for n in names if (e := enrichers_lib.enricher(n, forms)) is not None}
@@ -102,7 +103,7 @@ class EnvWorkload:
             groups = [g for g in mine for _ in range(c.group_size)]
             episode_ids = [g * c.group_size + r for g in mine for r in range(c.group_size)]
             episodes = run_episodes(params, job.sampler, self.envs, job.tokenizer, flat, groups, rcfg,
-                                    seed=cfg.seed + 7919 * batch_index, train_step=step,
+                                    seed=seeds.derive(cfg.seed, "rollout", batch_index), train_step=step,
                                     episode_ids=episode_ids,
                                     schedule=schedule, randomization_mode=cfg.feedback.mode,
                                     num_groups=len(tasks), enrichers=self.enrichers) if flat else []
@@ -175,7 +176,7 @@ class EnvWorkload:
         for start in range(0, len(tasks), n):
             chunk = tasks[start:start + n]
             episodes += run_episodes(params, job.eval_sampler, self.envs, job.tokenizer, chunk,
-                                     list(range(len(chunk))), rcfg, seed=job.cfg.seed + 1000,
+                                     list(range(len(chunk))), rcfg, seed=seeds.derive(job.cfg.seed, "eval"),
                                      train_step=step,
                                      schedule=None)
         return episodes

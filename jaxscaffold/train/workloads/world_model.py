@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxscaffold import seeds
 from jaxscaffold.envs.base import Task
 from jaxscaffold.envs.pool import is_failure
 from jaxscaffold.models.chat import Qwen3ChatRenderer
@@ -56,7 +57,7 @@ DATA_FILE = "triples.jsonl"  # the prepared data set; a resumed run reads it ins
 
 def _collect_tasks(cfg) -> list[Task]:
     tasks = load_tasks(cfg.envs.train, cfg.envs.train_split)
-    order = np.random.default_rng(cfg.seed).permutation(len(tasks))
+    order = np.random.default_rng(seeds.derive(cfg.seed, "collect_tasks")).permutation(len(tasks))
     order = order[: cfg.rwml.collect_tasks]
     return [tasks[i] for i in order]
 
@@ -74,7 +75,7 @@ def policy_trajectories(job: Job, params, envs, tasks: Sequence[Task]) -> list[E
     for start in range(0, len(flat), sampler.batch_size):
         chunk = flat[start:start + sampler.batch_size]
         episodes += run_episodes(params, sampler, envs, job.tokenizer, chunk, list(range(len(chunk))), rcfg,
-                                 seed=job.cfg.seed + 31 * start, train_step=0)
+                                 seed=seeds.derive(job.cfg.seed, "collect", start), train_step=0)
     return episodes
 
 
@@ -169,7 +170,7 @@ def prepare_data(job: Job, params, reward_fn) -> WorldModelData:
         elif w.collect_policy == "explore":
             episodes = explorer_trajectories(envs, tasks, rollouts_per_task=w.rollouts_per_task,
                                              max_steps=w.collect_max_turns, gold_prob=w.explore_gold_prob,
-                                             seed=cfg.seed)
+                                             seed=seeds.derive(cfg.seed, "explore"))
         else:
             raise ValueError(f"unknown rwml.collect_policy {w.collect_policy!r} (model, explore)")
     finally:
@@ -182,7 +183,7 @@ def prepare_data(job: Job, params, reward_fn) -> WorldModelData:
     chat = Qwen3ChatRenderer(job.tokenizer)
     fitting = [t for t in unique if _fits(chat, t, cfg)]
     stats["triples/too_long"] = float(len(unique) - len(fitting))
-    train, heldout = heldout_split(fitting, w.heldout_share, cfg.seed)
+    train, heldout = heldout_split(fitting, w.heldout_share, seeds.derive(cfg.seed, "heldout"))
     if not train or not heldout:
         raise ValueError(f"too few triples to train and evaluate on ({len(train)} train, {len(heldout)} held out): "
                          "collect more (rwml.collect_tasks / rollouts_per_task / collect_max_turns)")
@@ -260,17 +261,17 @@ def difficulty_filter(job: Job, params, triples: Sequence[Triple], reward_fn):
                                  p_keep_easy=f.p_keep_easy)
     run_seed = job.cfg.seed
     pred_idx, rest_idx = difficulty.split_for_predictor(len(triples), fc.sft_share,
-                                                        run_seed)
+                                                        seeds.derive(run_seed, "filter_split"))
     predictor = sft_on(job, params, [triples[i] for i in pred_idx], steps=f.sft_steps, batch_size=f.sft_batch,
-                       lr=f.sft_lr, seed=run_seed)
+                       lr=f.sft_lr, seed=seeds.derive(run_seed, "filter_sft"))
     rest = [triples[i] for i in rest_idx]
     answers = sample_answers(job, predictor, rest, samples=fc.samples,
-                             seed=run_seed + 17)
+                             seed=seeds.derive(run_seed, "filter_samples"))
     targets = [t.next_state for t in rest for _ in range(fc.samples)]
     rewards = reward_fn([a for _, a in answers], targets, fc.tau_d)[0].reshape(len(rest), fc.samples)
     mean = rewards.mean(axis=1)
     keep_rest, easy_rest = difficulty.keep_mask(mean, fc.tau_easy, fc.p_keep_easy,
-                                                run_seed)
+                                                seeds.derive(run_seed, "filter_keep"))
     kept, easy, mean_r = [False] * len(triples), [False] * len(triples), [float("nan")] * len(triples)
     for j, i in enumerate(rest_idx):
         kept[i], easy[i], mean_r[i] = bool(keep_rest[j]), bool(easy_rest[j]), float(mean[j])
@@ -336,7 +337,7 @@ class WorldModelWorkload:
     def __init__(self, job: Job, params):
         self.reward_fn = make_reward(job)
         self.data = prepare_data(job, params, self.reward_fn)
-        self.stream = TaskStream(self.data.train, seed=job.cfg.seed)
+        self.stream = TaskStream(self.data.train, seed=seeds.derive(job.cfg.seed, "tasks"))
         self.chat = Qwen3ChatRenderer(job.tokenizer)
         self.reported = False
 
@@ -348,7 +349,7 @@ class WorldModelWorkload:
         share = list(process_share(c.tasks_per_step))
         triples = [everyone[g] for g in share]
         answers = sample_answers(job, sampler_params(params), triples, samples=c.group_size,
-                                 seed=job.cfg.seed + 7919 * step,
+                                 seed=seeds.derive(job.cfg.seed, "rollout", step),
                                  first_row=(share[0] if share else 0) * c.group_size)
         targets = [t.next_state for t in triples for _ in range(c.group_size)]
         rewards, distances = self.reward_fn([a for _, a in answers], targets, w.tau_d)
@@ -371,7 +372,7 @@ class WorldModelWorkload:
         everyone = self.data.heldout[: job.cfg.eval.tasks]
         heldout = [everyone[i] for i in process_share(len(everyone))]
         answers = sample_answers(job, sampler_params(params), heldout, samples=1,
-                                 seed=job.cfg.seed + 1000, greedy=True)
+                                 seed=seeds.derive(job.cfg.seed, "eval"), greedy=True)
         rewards, distances = self.reward_fn([a for _, a in answers], [t.next_state for t in heldout], w.tau_d)
         parts = allgather_json([[float(r), float(d)] for r, d in zip(rewards, distances)])
         rewards, distances = np.asarray([x for part in parts for x in part]).reshape(-1, 2).T
@@ -422,7 +423,7 @@ def train_wm_sft(cfg) -> dict[str, Any]:
     steps = cfg.steps
     logger = MetricLogger(cfg.out_dir, total_steps=steps)
     params = sft_on(job, state.params, work.data.train, steps=steps, batch_size=cfg.rollout.tasks_per_step,
-                    lr=cfg.rl.lr, seed=cfg.seed, logger=logger, prefix="train")
+                    lr=cfg.rl.lr, seed=seeds.derive(cfg.seed, "sft"), logger=logger, prefix="train")
     metrics = {"step": steps, **work.data.stats, **work.evaluate(job, params, steps)}
     logger.log(steps, metrics)
     state = dataclasses.replace(state, params=params)
