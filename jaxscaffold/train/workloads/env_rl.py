@@ -111,7 +111,8 @@ class EnvWorkload:
                 e.group += batch_index * c.tasks_per_step
             batches += 1
             if dynamic is not None and episodes:
-                # DAPO filters on binary success (`won`), as the reference does, not on the reward.
+                # Informative groups (`rl.advantages.informative`) on binary success (`won`), the
+                # reference's filter metric: a shaped reward would keep groups differing in length only.
                 grouped = _groups_of(episodes)
                 dynamic.add([np.asarray([float(e.won) for e in eps]) for eps in grouped.values()],
                             payloads=list(grouped.values()))
@@ -150,7 +151,7 @@ class EnvWorkload:
     def _learn_schedule(self, arm: str, generated: list[dict]) -> dict:
         """Updates the bandit with the step's learning signal (of every generated group, also
         those DAPO dropped: the signal is how many groups feedback made informative)."""
-        if self.signal == "informative":
+        if self.signal == "informative":  # on the rewards, what the advantages see
             signal = informative_share(generated)
         else:
             ok = [e["won"] for e in generated if not e["failed"]]
