@@ -55,7 +55,7 @@ def rwml_fields() -> ConfigDict:
 
 def get_config():
     c = base.get_config()
-    c.job = "rwml"  # launch/tpu_train.py runs jaxscaffold.train.workloads.world_model.train_world_model
+    c.job = "rwml"  # world-model RL (stage 1)
     c.out_dir = "runs/rwml"
     c.steps = 100  # about 2 epochs of ~1600 filtered triples at 32 per step (the paper: 2 epochs)
     c.model.preset = "qwen3-8b"  # set model.hf_path to a local checkpoint (the paper: Qwen2.5-7B-Instruct / Qwen3-8B)
@@ -69,7 +69,7 @@ def get_config():
     c.rollout.max_len = 8192
     c.rollout.enable_thinking = False  # the format asks for its own <think> block
     c.envs.train = "alfworld"  # where the triples come from
-    c.envs.eval = "alfworld"  # unused in stage 1 (evaluation is on held-out triples)
+    c.envs.eval = "alfworld:valid_seen"  # unused in stage 1 (evaluation is on held-out triples)
     c.feedback.schedule = "none"
     c.eval.every = 10
     c.eval.tasks = 256  # held-out triples per evaluation

@@ -1,6 +1,6 @@
 """Benchmarks: each prints its figures next to a reference measured in the same run.
 
-  python launch/bench.py {sampler,train,envs,embed} [--json] [--quick]
+  python launch/bench.py {sampler,train,envs,embed,tunix,train_flops} [--json] [--quick]
 
 `--json` prints one JSON object per figure: name, value, unit and, where there is a
 reference, ratio (ours / reference).
@@ -22,6 +22,7 @@ SUITES = {
     "envs": "benchmarks.envs",
     "embed": "benchmarks.embed",
     "tunix": "benchmarks.tunix_sampler",
+    "train_flops": "benchmarks.train_flops",
 }
 
 

@@ -55,6 +55,7 @@ from jaxscaffold.envs.base import EnvError, Observation, StepResult, Task
 
 NAME = "alfworld"
 SPLITS = ("train", "valid_seen", "valid_unseen")
+DEFAULT_DATA_DIR = "~/.cache/alfworld"  # ALFWorld's own default (alfworld.info), without importing it
 SPLIT_ALIASES = {
     "eval_in_distribution": "valid_seen",
     "eval_out_of_distribution": "valid_unseen",
@@ -88,26 +89,22 @@ _INSTALL_HINT = (
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """The `json_2.1.1` folder from `data_dir` (its parent, or the folder itself) or
-    `$ALFWORLD_DATA`; a clear `FileNotFoundError` naming the expected layout otherwise."""
-    source = "data_dir"
-    if data_dir is None:
-        env_value = os.environ.get("ALFWORLD_DATA")
-        if not env_value:
-            raise FileNotFoundError(
-                "ALFWorld game files not configured: pass data_dir or set $ALFWORLD_DATA to a "
-                f"folder laid out as {_LAYOUT} (the game files are not on PyPI; unpack "
-                "json_2.1.1.tar.xz there)."
-            )
-        data_dir, source = env_value, "$ALFWORLD_DATA"
-    root = Path(data_dir).expanduser()
+    """The `json_2.1.1` folder from `data_dir` (its parent, or the folder itself), else
+    `$ALFWORLD_DATA`, else ALFWorld's own default (`~/.cache/alfworld`, where its
+    `alfworld-download` puts them); a clear `FileNotFoundError` saying how to get them otherwise."""
+    if data_dir is not None:
+        source, root = "data_dir", Path(data_dir).expanduser()
+    elif os.environ.get("ALFWORLD_DATA"):
+        source, root = "$ALFWORLD_DATA", Path(os.environ["ALFWORLD_DATA"]).expanduser()
+    else:
+        source, root = "ALFWorld's default location", Path(DEFAULT_DATA_DIR).expanduser()
     for candidate in (root / DATA_SUBDIR, root):
         if any((candidate / s).is_dir() for s in SPLITS):
             return candidate
     raise FileNotFoundError(
-        f"ALFWorld game files not found under {source}={str(root)!r}: expected {_LAYOUT} "
-        f"with splits {', '.join(SPLITS)}."
-    )
+        f"ALFWorld game files not found under {source} {str(root)!r}: expected {_LAYOUT} with splits "
+        f"{', '.join(SPLITS)}. They are not on PyPI: set $ALFWORLD_DATA to a folder holding an unpacked "
+        "json_2.1.1.tar.xz, or run `alfworld-download` (ALFWorld's own downloader, to ~/.cache/alfworld).")
 
 
 def parse_task_folder(folder: str) -> dict[str, Any]:

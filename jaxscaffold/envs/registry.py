@@ -17,6 +17,30 @@ ENVS = {
     "tau2": ("jaxscaffold.envs.tau2", "catalogue", "Tau2Env", "tau2"),
 }
 
+# name: the splits its catalogue takes (listed here so a config is checked without importing
+# the env; tests/envs check them against each module's own). tau2 also takes "<domain>/<split>".
+SPLITS = {
+    "letters": ("train", "test"),
+    "sciworld": ("train", "test"),  # the FEE reference code's L0 lists
+    "bfcl": ("train", "validation"),
+    "alfworld": ("train", "valid_seen", "valid_unseen", "eval_in_distribution", "eval_out_of_distribution",
+                 "in_distribution", "out_of_distribution"),
+    "tau2": ("train", "test", "base"),
+}
+TAU2_DOMAINS = ("retail", "airline", "telecom")
+
+
+def check_split(name: str, split: str) -> None:
+    """Raises ValueError (one line) unless env `name` has a split `split`."""
+    if name not in ENVS:
+        raise ValueError(f"unknown environment {name!r}; known: {', '.join(ENVS)}")
+    if name == "tau2" and "/" in split:
+        domain, split = split.split("/", 1)
+        if domain not in TAU2_DOMAINS:
+            raise ValueError(f"tau2 has no domain {domain!r}; domains: {', '.join(TAU2_DOMAINS)}")
+    if split not in SPLITS[name]:
+        raise ValueError(f"{name} has no split {split!r}; splits: {', '.join(SPLITS[name])}")
+
 
 class MissingEnvDependency(ImportError):
     pass

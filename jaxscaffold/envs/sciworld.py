@@ -68,7 +68,9 @@ UNKNOWN_ACTION_TEXT = "No known action matches that input."
 LEVELS = ("official", "L0", "L1", "L2")
 _SPLITS = {"official": ("train", "dev", "test"), "L0": ("train", "test"),
            "L1": ("train", "test"), "L2": ("train", "test")}
-_DATA_DIR_CANDIDATES = ("/work/shared/data/sciworld",)
+# The split files ship with the package (data/sciworld/SOURCE.md: provenance);
+# $JAXSCAFFOLD_DATA/sciworld overrides them.
+_PACKAGE_DATA = pathlib.Path(__file__).resolve().parent / "data" / "sciworld"
 
 _launch_lock = threading.Lock()
 
@@ -117,14 +119,7 @@ def parse_goal_progress(text: str) -> dict[str, Any]:
 
 def _data_dir() -> pathlib.Path:
     env = os.environ.get("JAXSCAFFOLD_DATA")
-    if env:
-        return pathlib.Path(env) / "sciworld"
-    for cand in _DATA_DIR_CANDIDATES:
-        if os.path.isdir(cand):
-            return pathlib.Path(cand)
-    # <repo>/shared/data/sciworld next to the package, if any
-    here = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "sciworld"
-    return here
+    return pathlib.Path(env) / "sciworld" if env else _PACKAGE_DATA
 
 
 def _package_version() -> str:
@@ -263,7 +258,8 @@ def catalogue(split: str, *, level: str = "L0",
         return out
     path = _data_dir() / f"{level}_idx.json"
     if not path.exists():
-        raise FileNotFoundError(f"ScienceWorld split file not found: {path} (set JAXSCAFFOLD_DATA)")
+        raise FileNotFoundError(f"ScienceWorld split file not found: {path} ($JAXSCAFFOLD_DATA/sciworld "
+                                f"overrides the package's own {_PACKAGE_DATA}; unset it or add the file)")
     with open(path) as f:
         pairs = json.load(f)[split]
     for task_idx, var in pairs:

@@ -140,6 +140,12 @@ FORMS: dict[tuple[str, str], dict[str, Form]] = {
 DEFAULT_FORMS = {"ag": "paper", "oe": "checklist"}
 
 
+def form_names(kind: str) -> list[str]:
+    """Every form of feedback `kind` some env has (what `feedback.{kind}_form` may name; an env
+    without the chosen form uses its own first one)."""
+    return sorted({form for (_, k), forms in FORMS.items() if k == kind for form in forms})
+
+
 def enricher(env: str, forms: dict[str, str] | None = None) -> Callable | None:
     """`(kind, observation, episode_step, actions) -> text` for an environment, or None
     when it has no enrichers (feedback then never applies to it)."""

@@ -82,6 +82,7 @@ class Schedule:
 EARLY, LATE = (0, 2), (5, 9)  # the paper's episode steps 1-3 and 6-10
 EARLY_REF, LATE_REF = (0, 3), (6, 10)  # the reference code's bounds
 SWITCH = 100  # training step of the AG -> OE switch (of 200)
+NAMES = ("none", "ag_early", "ag_late", "oe_early", "oe_late", "ag_early_oe_late", "ag_early_oe_late_reference")
 
 
 def make(name: str, *, p: float = 0.5, switch: int = SWITCH, anneal: tuple[int, int] | None = None) -> Schedule:
@@ -102,6 +103,7 @@ def make(name: str, *, p: float = 0.5, switch: int = SWITCH, anneal: tuple[int, 
         "ag_early_oe_late": (w("ag", EARLY, (1, switch)), w("oe", LATE, (switch + 1, None))),
         "ag_early_oe_late_reference": (w("ag", EARLY_REF, (1, switch)), w("oe", LATE_REF, (switch + 1, None))),
     }
+    assert set(table) == set(NAMES)
     if name not in table:
         raise ValueError(f"unknown feedback schedule {name!r}; known: {sorted(table)}")
     return Schedule(name, table[name])

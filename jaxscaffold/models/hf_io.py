@@ -154,26 +154,34 @@ def _set(tree, path, value):
 # ----------------------------------------------------------------------------- loading
 
 
-def _tensor_index(directory: str) -> dict[str, st.TensorInfo]:
+def tensor_index(directory: str) -> dict[str, st.TensorInfo]:
+    """Every tensor of an HF checkpoint directory (model.safetensors, or the index's shards),
+    from their headers alone; a CheckpointError naming the file otherwise."""
+    if not os.path.isdir(directory):
+        raise CheckpointError(f"checkpoint directory not found: {directory}")
     index_path = os.path.join(directory, "model.safetensors.index.json")
     single = os.path.join(directory, "model.safetensors")
     if os.path.exists(index_path):
-        with open(index_path) as f:
-            weight_map = json.load(f)["weight_map"]
-        files = sorted(set(weight_map.values()))
+        try:
+            with open(index_path) as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{index_path}: unreadable index ({type(e).__name__}: {e})") from None
     elif os.path.exists(single):
         files = ["model.safetensors"]
     else:
-        found = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
-        if not found:
-            raise CheckpointError(f"{directory}: no model.safetensors or model.safetensors.index.json")
-        files = found
+        files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+    if not files:
+        raise CheckpointError(f"{directory}: no model.safetensors or model.safetensors.index.json")
     infos: dict[str, st.TensorInfo] = {}
     for name in files:
         path = os.path.join(directory, name)
         if not os.path.exists(path):
             raise CheckpointError(f"{directory}: shard {name} named in the index is missing")
-        infos.update(st.read_header(path))
+        try:
+            infos.update(st.read_header(path))
+        except st.SafetensorsError as e:
+            raise CheckpointError(str(e)) from None
     return infos
 
 
@@ -203,7 +211,7 @@ def load_pretrained(path: str, *, dtype: str = "float32", mesh=None,
         raise CheckpointError(f"{path}: no config.json")
     with open(config_path) as f:
         hf_config = json.load(f)
-    infos = _tensor_index(path)
+    infos = tensor_index(path)
     overrides = dict(param_dtype=dtype, **config_overrides)
     if "is_embedding" not in overrides and "model.embed_tokens.weight" not in infos and "embed_tokens.weight" in infos:
         overrides["is_embedding"] = True  # a Qwen3Model checkpoint saved without the prefix

@@ -286,7 +286,14 @@ def _train_step(step: _Step, score_masked_only: bool) -> Callable:
         train_step.programs[num_positions] = program  # the variants this step used (tests count them)
         return program(state, batch, *ref_params)
 
+    def lower(state, batch, *ref_params, num_positions: int | None = None):
+        """The step's program lowered for these arguments (arrays or `jax.ShapeDtypeStruct`s
+        with shardings) and `num_positions` scored positions a row (None: every position):
+        its `.compile()` gives XLA's memory and cost analysis without running anything."""
+        return _program(step, num_positions if score_masked_only else None).lower(state, batch, *ref_params)
+
     train_step.programs = {}
+    train_step.lower = lower
     return train_step
 
 

@@ -2,6 +2,9 @@
 
 `triples` cuts trajectories into (history, action, next state) examples; `task` renders
 them as prompts and parses the model's `<next_state>` answer; `reward` scores a prediction
-by the embedding distance to the real next state (or an LLM judge); `difficulty` keeps the
-informative triples. `jaxscaffold.train.workloads.world_model` wires them into training.
+by the embedding distance to the real next state (or an LLM judge), reading long states
+whole: `chunking` cuts a text past the embedder's token limit (`embedders`) into chunks it
+reads entirely; `difficulty` keeps the informative triples; `calibration` picks tau_d for an
+embedder. (How far training moved the weights, RWML vs SFT: `jaxscaffold.models.weight_change`.)
+`jaxscaffold.train.workloads.world_model` wires them into training.
 """

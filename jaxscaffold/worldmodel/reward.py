@@ -3,6 +3,20 @@
 Embedding reward (the paper's): d = 1 - cos(E(prediction), E(next state)); r = 1 if d < tau_d.
 An answer without a well-formed `<next_state>` gets reward 0 and distance 2 (the maximum).
 The LLM-judge reward (an ablation of the paper) asks a chat model whether the two states match.
+
+Long texts are never truncated. An embedder reads a bounded number of tokens (MiniLM 256 word
+pieces) and silently drops the rest, which made a long tau2 state whose tail was wrong (order
+status, payment) score distance 0 and reward 1. So when the embedder says how much it reads
+(`embedders.TokenLimited`), a text over that limit is cut into chunks within it
+(`chunking.split_text`: on lines, then sentences, list items, words), and a (prediction,
+target) pair is compared chunk by chunk: d = the largest distance of aligned chunks (the i-th
+against the i-th), so every part must be within tau_d; when the two have different numbers of
+chunks (one omits or adds a tail) d = MAX_DISTANCE. A text within the limit is one chunk, and
+its distance is exactly what a single embedding gives. Chunk boundaries follow the text, so a
+paraphrase that moves a line across a boundary is compared part against shifted part and may
+score higher than it would whole; a limit far above the states' length (Qwen3-Embedding's
+32k context) avoids chunking altogether. `embedding_rewards_with_counts` and
+`chunked_distances` also return counts worth logging (see `CHUNK_COUNTS`).
 """
 
 from __future__ import annotations
@@ -12,34 +26,85 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from jaxscaffold.worldmodel.embedders import Embedder
+from jaxscaffold.worldmodel.chunking import split_text
+from jaxscaffold.worldmodel.embedders import Embedder, TokenLimited
 from jaxscaffold.worldmodel.task import parse_prediction
 
 MAX_DISTANCE = 2.0  # 1 - cos for opposite vectors: what an unparsable answer scores
+# chunked_texts: distinct texts longer than the embedder's limit, embedded as several chunks;
+# max_chunks: the most chunks of one text (1 when nothing was chunked, 0 for no text);
+# truncated_texts: texts with a chunk still over the limit, which the embedder cut (should be 0);
+# chunk_mismatches: pairs whose chunk counts differ, scored MAX_DISTANCE.
+CHUNK_COUNTS = ("chunked_texts", "max_chunks", "truncated_texts", "chunk_mismatches")
+
+
+def chunk_texts(embedder: Embedder, texts: Sequence[str]) -> tuple[list[list[str]], dict[str, int]]:
+    """Each text's chunks (itself alone when within the embedder's limit, or when the embedder
+    does not say its limit) and the counts `chunked_texts`, `max_chunks`, `truncated_texts`."""
+    counts = {"chunked_texts": 0, "max_chunks": 1 if texts else 0, "truncated_texts": 0}
+    if not isinstance(embedder, TokenLimited):
+        return [[t] for t in texts], counts
+    count, limit = embedder.count_tokens, embedder.max_tokens
+    out = []
+    for text in texts:
+        if count(text) <= limit:
+            out.append([text])
+            continue
+        chunks = split_text(text, count, limit)
+        counts["chunked_texts"] += 1
+        counts["max_chunks"] = max(counts["max_chunks"], len(chunks))
+        counts["truncated_texts"] += any(count(c) > limit for c in chunks)
+        out.append(chunks)
+    return out, counts
+
+
+def chunked_distances(embedder: Embedder, predictions: Sequence[str], targets: Sequence[str]
+                      ) -> tuple[np.ndarray, dict[str, int]]:
+    """(1 - cos between paired texts, chunk by chunk as the module docstring says; the counts of
+    CHUNK_COUNTS). All chunks are embedded in one batch: duplicates cost nothing extra."""
+    if len(predictions) != len(targets):
+        raise ValueError(f"{len(predictions)} predictions for {len(targets)} targets")
+    texts = list(dict.fromkeys(list(predictions) + list(targets)))
+    chunks, counts = chunk_texts(embedder, texts)
+    counts["chunk_mismatches"] = 0
+    if not predictions:
+        return np.zeros((0,), np.float64), counts
+    unique = list(dict.fromkeys(c for cs in chunks for c in cs))
+    row = {c: i for i, c in enumerate(unique)}
+    emb = np.asarray(embedder(unique), np.float64)
+    rows = {t: [row[c] for c in cs] for t, cs in zip(texts, chunks)}
+    out = np.empty(len(predictions), np.float64)
+    for i, (p, t) in enumerate(zip(predictions, targets)):
+        a, b = rows[p], rows[t]
+        if len(a) != len(b):
+            out[i] = MAX_DISTANCE
+            counts["chunk_mismatches"] += 1
+        else:
+            out[i] = np.max(1.0 - np.sum(emb[a] * emb[b], axis=1))
+    return out, counts
 
 
 def cosine_distances(embedder: Embedder, predictions: Sequence[str], targets: Sequence[str]) -> np.ndarray:
-    """1 - cos between paired texts (embedded in one batch: duplicates cost nothing extra)."""
-    if len(predictions) != len(targets):
-        raise ValueError(f"{len(predictions)} predictions for {len(targets)} targets")
-    if not predictions:
-        return np.zeros((0,), np.float64)
-    texts = list(dict.fromkeys(list(predictions) + list(targets)))
-    index = {t: i for i, t in enumerate(texts)}
-    emb = np.asarray(embedder(texts), np.float64)
-    a = emb[[index[p] for p in predictions]]
-    b = emb[[index[t] for t in targets]]
-    return 1.0 - np.sum(a * b, axis=1)
+    """1 - cos between paired texts (long texts chunk by chunk: `chunked_distances`)."""
+    return chunked_distances(embedder, predictions, targets)[0]
+
+
+def embedding_rewards_with_counts(embedder: Embedder, answers: Sequence[str], targets: Sequence[str],
+                                  tau_d: float) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+    """(rewards, distances, chunk counts of CHUNK_COUNTS) of raw model answers against the real
+    next states; the counts cover the parsed predictions and their targets."""
+    parsed = [parse_prediction(a) for a in answers]
+    ok = [i for i, p in enumerate(parsed) if p is not None]
+    distances = np.full(len(answers), MAX_DISTANCE)
+    distances[ok], counts = chunked_distances(embedder, [parsed[i] for i in ok], [targets[i] for i in ok])
+    return (distances < tau_d).astype(np.float64), distances, counts
 
 
 def embedding_rewards(embedder: Embedder, answers: Sequence[str], targets: Sequence[str], tau_d: float
                       ) -> tuple[np.ndarray, np.ndarray]:
     """(rewards, distances) of raw model answers against the real next states."""
-    parsed = [parse_prediction(a) for a in answers]
-    ok = [i for i, p in enumerate(parsed) if p is not None]
-    distances = np.full(len(answers), MAX_DISTANCE)
-    distances[ok] = cosine_distances(embedder, [parsed[i] for i in ok], [targets[i] for i in ok])
-    return (distances < tau_d).astype(np.float64), distances
+    rewards, distances, _ = embedding_rewards_with_counts(embedder, answers, targets, tau_d)
+    return rewards, distances
 
 
 JUDGE_PROMPT = (

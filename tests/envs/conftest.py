@@ -1,8 +1,8 @@
 """Fixtures for the environment adapters' tests.
 
 ALFWorld: the game files are never part of the repository. A session-scoped fixture unpacks the
-needed splits of `json_2.1.1.tar.xz` (from `$ALFWORLD_TARBALL`, the checkout's `shared/` or
-`/work/shared/`) into a temporary folder; tests that need it skip when no tarball is found.
+needed splits of `json_2.1.1.tar.xz` (from `$ALFWORLD_TARBALL`, or `shared/` inside or beside
+the checkout, as CI lays it) into a temporary folder; tests that need it skip when no tarball is found.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ _REPO = Path(__file__).resolve().parents[2]
 _TARBALL_NAME = "json_2.1.1.tar.xz"
 _TARBALL_CANDIDATES = (
     _REPO / "shared" / "data" / "alfworld" / _TARBALL_NAME,
-    Path("/work/shared/data/alfworld") / _TARBALL_NAME,
+    _REPO.parent / "shared" / "data" / "alfworld" / _TARBALL_NAME,
 )
 # Splits unpacked whole; train only as a few task folders (its full size is ~330 MB).
 ALFWORLD_FULL_SPLITS = ("valid_seen", "valid_unseen")

@@ -1,0 +1,553 @@
+"""The run configuration: a typed, validated tree built once from an ml_collections config.
+
+Config files (`configs/*.py`) stay ml_collections ConfigDicts, with their defaults and a
+comment per field in `configs/base.py` (and `configs/rwml.py` for the `rwml` section).
+`from_configdict` turns one into a `RunConfig` of frozen dataclasses and checks it before
+anything is built: unknown fields (with a "did you mean"), missing fields, types, the allowed
+values of every enum, ranges and the fields that depend on each other. Workloads receive the
+typed tree, never the raw ConfigDict. A problem is a `ConfigError`, a one-line message naming
+the field and what it allows.
+
+`parse_overrides` applies command-line overrides (`--config.rl.lr=1e-6`) with the same
+checks, parsing each value as its field's type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import types
+import typing
+from typing import Any, Literal, Mapping, Sequence
+
+from ml_collections import ConfigDict
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ConfigError(ValueError):
+    """A config field is unknown, missing, mistyped or out of its allowed values (one line)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    hf_path: str
+    preset: str
+    tokenizer: str
+    param_dtype: Literal["float32", "bfloat16", "float16"]
+    compute_dtype: Literal["float32", "bfloat16", "float16"]
+    cache_dtype: Literal["float32", "bfloat16", "float16"]
+    scan_layers: bool
+    remat_policy: Literal["none", "full", "save_dots"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Mesh:
+    data: int
+    fsdp: int
+    tensor: int
+    devices: int
+
+
+@dataclasses.dataclass(frozen=True)
+class RL:
+    algorithm: str
+    lr: float
+    weight_decay: float
+    grad_clip: float
+    warmup_steps: int
+    ppo_epochs: int
+    num_minibatches: int
+    micro_batches: int
+    kl_coef: float
+    entropy_coef: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    tasks_per_step: int
+    group_size: int
+    max_turns: int
+    max_new_tokens: int
+    max_len: int
+    temperature: float
+    top_p: float
+    enable_thinking: bool
+    representation: Literal["trajectory", "stepwise"]
+    history_window: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Envs:
+    train: str
+    train_split: str
+    eval: str
+    eval_split: str
+    num_workers: int
+    step_timeout_s: float
+    env_kwargs: str
+
+    def kwargs(self) -> dict[str, dict]:
+        """`env_kwargs` parsed: {env name: constructor kwargs} (validated at load)."""
+        return json.loads(self.env_kwargs) if self.env_kwargs else {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Feedback:
+    schedule: str
+    probability: float
+    mode: Literal["group", "rollout", "first_half", "even"]
+    switch_step: int
+    ag_form: str
+    oe_form: str
+    bandit_arms: str
+    bandit_signal: Literal["informative", "success"]
+    bandit_discount: float
+    bandit_prior: float
+
+    def arms(self) -> list[str]:
+        """The schedule names a "bandit" schedule picks from."""
+        return [a.strip() for a in self.bandit_arms.split(",") if a.strip()]
+
+
+@dataclasses.dataclass(frozen=True)
+class Eval:
+    every: int
+    tasks: int
+    max_turns: int
+    max_len: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    every: int
+    keep: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Filter:
+    enabled: bool
+    sft_share: float
+    sft_steps: int
+    sft_batch: int
+    sft_lr: float
+    samples: int
+    tau_d: float
+    tau_easy: float
+    p_keep_easy: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RWML:
+    objective: Literal["rl", "sft"]
+    collect_policy: Literal["model", "explore"]
+    collect_tasks: int
+    rollouts_per_task: int
+    collect_max_turns: int
+    collect_temperature: float
+    explore_gold_prob: float
+    heldout_share: float
+    history_window: int
+    max_obs_chars: int
+    reward: Literal["embedding", "judge_binary", "judge_continuous"]
+    embedder: Literal["minilm", "qwen3"]
+    embedder_path: str
+    embedder_batch: int
+    judge_path: str
+    tau_d: float
+    export_dir: str
+    filter: Filter
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """One run: what `launch/tpu_train.py` and `jaxscaffold.train` execute."""
+
+    job: Literal["rl", "rwml"]
+    seed: int
+    out_dir: str
+    steps: int
+    model: Model
+    mesh: Mesh
+    rl: RL
+    rollout: Rollout
+    envs: Envs
+    feedback: Feedback
+    eval: Eval
+    checkpoint: Checkpoint
+    rwml: RWML | None = None  # the world-model section (configs/rwml.py); only `job = "rwml"` reads it
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-serialisable values (checkpoints keep the config they were written with)."""
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def from_configdict(cd: ConfigDict | Mapping) -> RunConfig:
+    """The typed, validated run config of an ml_collections config (or its plain dict form)."""
+    d = cd.to_dict() if isinstance(cd, ConfigDict) else dict(cd)
+    cfg = _build(RunConfig, d, "")
+    validate(cfg)
+    return cfg
+
+
+def from_dict(d: Mapping) -> RunConfig:
+    """`RunConfig.to_dict`'s inverse (e.g. a checkpoint's config), validated."""
+    return from_configdict(d)
+
+
+def _build(cls, d: Mapping, path: str):
+    if not isinstance(d, Mapping):
+        raise ConfigError(f"config.{path.rstrip('.')} must be a section (a ConfigDict), got {d!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in d:
+        if key not in fields:
+            raise ConfigError(f"unknown config field {path}{key}{_did_you_mean(key, fields)}")
+    values = {}
+    for name, f in fields.items():
+        if name not in d:
+            if f.default is not dataclasses.MISSING:
+                continue
+            raise ConfigError(f"config.{path}{name} is missing (configs start from configs/base.py's get_config())")
+        values[name] = _typed(hints[name], d[name], f"{path}{name}")
+    return cls(**values)
+
+
+def _typed(hint, value, path: str):
+    """`value` as the field's type, or a ConfigError naming the field, the value and the type."""
+    if _is_optional(hint):  # `Section | None`
+        if value is None:
+            return None
+        hint = _optional_of(hint)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, path + ".")
+    if typing.get_origin(hint) is Literal:
+        allowed = typing.get_args(hint)
+        if value not in allowed:
+            raise ConfigError(f"config.{path}={value!r} is not one of: {', '.join(allowed)}")
+        return value
+    if hint is bool:
+        ok = isinstance(value, bool)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    else:
+        ok = isinstance(value, hint)
+    if not ok:
+        raise ConfigError(f"config.{path}={value!r} must be a {hint.__name__}")
+    return value
+
+
+def _did_you_mean(key: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1)
+    return f" (did you mean {close[0]}?)" if close else f" (fields: {', '.join(known)})"
+
+
+# ----------------------------------------------------------------------------- overrides
+
+
+def parse_overrides(cd: ConfigDict, overrides: Sequence[str]) -> ConfigDict:
+    """Applies `path=value` overrides (the `--config.` prefix stripped) to `cd` in place,
+    each value parsed as its field's type; unknown paths get a "did you mean"."""
+    for item in overrides:
+        path, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"override {item!r} has no value: write --config.{path}=VALUE")
+        *parents, leaf = path.split(".")
+        section, cls, where = cd, RunConfig, ""
+        for name in parents:
+            hint = _field_hint(cls, name, where)
+            if not dataclasses.is_dataclass(hint) or name not in section:
+                raise ConfigError(f"config.{where}{name} is not a section")
+            section, cls, where = section[name], hint, f"{where}{name}."
+        hint = _field_hint(cls, leaf, where)
+        if dataclasses.is_dataclass(hint):
+            raise ConfigError(f"config.{where}{leaf} is a section: override its fields (--config.{where}{leaf}.FIELD=...)")
+        section[leaf] = _parse_value(hint, text, f"{where}{leaf}")
+    return cd
+
+
+def _field_hint(cls, name: str, where: str):
+    hints = typing.get_type_hints(cls)
+    if name not in hints:
+        raise ConfigError(f"unknown config field {where}{name}{_did_you_mean(name, list(hints))}")
+    return _optional_of(hints[name]) if _is_optional(hints[name]) else hints[name]
+
+
+def _is_optional(hint) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+
+def _optional_of(hint):
+    return next(a for a in typing.get_args(hint) if a is not type(None))
+
+
+def _parse_value(hint, text: str, path: str):
+    if typing.get_origin(hint) is Literal or hint is str:
+        return text
+    if hint is bool:
+        low = text.strip().lower()
+        if low in ("true", "1", "yes"):
+            return True
+        if low in ("false", "0", "no"):
+            return False
+        raise ConfigError(f"config.{path}={text!r} must be a bool (true or false)")
+    try:
+        return hint(text)
+    except ValueError:
+        raise ConfigError(f"config.{path}={text!r} must be a {hint.__name__}") from None
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def validate(cfg: RunConfig) -> None:
+    """Every check that needs more than a field's type: names other modules define, ranges,
+    and fields that depend on each other. Raises ConfigError."""
+    from jaxscaffold.feedback import enrichers, randomization, schedule
+    from jaxscaffold.models import config as model_configs
+    from jaxscaffold.rl import presets
+
+    _one_of("rl.algorithm", cfg.rl.algorithm, sorted(presets.PRESETS))
+    if not cfg.model.hf_path:
+        _one_of("model.preset", cfg.model.preset.lower(), ["tiny", *model_configs.PRESETS])
+    f = cfg.feedback
+    if f.schedule == "bandit":
+        if not f.arms():
+            raise ConfigError("config.feedback.bandit_arms names no schedule (comma-separated schedule names)")
+        for arm in f.arms():
+            _one_of("feedback.bandit_arms", arm, schedule.NAMES)
+    else:
+        _one_of("feedback.schedule", f.schedule, [*schedule.NAMES, "bandit"])
+    assert f.mode in randomization.MODES  # the Literal above mirrors them
+    for kind, form in (("ag", f.ag_form), ("oe", f.oe_form)):
+        _one_of(f"feedback.{kind}_form", form, enrichers.form_names(kind))
+    _check_tasks("envs.train", cfg.envs.train, cfg.envs.train_split)
+    _check_tasks("envs.eval", cfg.envs.eval, cfg.envs.eval_split)
+    _check_env_kwargs(cfg.envs.env_kwargs)
+
+    _range("steps", cfg.steps, 1)
+    _range("mesh.devices", cfg.mesh.devices, 0)
+    for axis in ("data", "fsdp", "tensor"):
+        if getattr(cfg.mesh, axis) == 0 or getattr(cfg.mesh, axis) < -1:
+            raise ConfigError(f"config.mesh.{axis}={getattr(cfg.mesh, axis)} must be >= 1 (or -1: fill)")
+    if [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor].count(-1) > 1:
+        raise ConfigError("config.mesh: at most one of data / fsdp / tensor may be -1 (fill)")
+    r = cfg.rl
+    _range("rl.lr", r.lr, 0.0, strict=True)
+    for name in ("weight_decay", "grad_clip", "kl_coef", "entropy_coef"):
+        _range(f"rl.{name}", getattr(r, name), 0.0)
+    for name in ("warmup_steps",):
+        _range(f"rl.{name}", getattr(r, name), 0)
+    for name in ("ppo_epochs", "num_minibatches", "micro_batches"):
+        _range(f"rl.{name}", getattr(r, name), 1)
+    c = cfg.rollout
+    for name in ("tasks_per_step", "group_size", "max_turns", "max_new_tokens"):
+        _range(f"rollout.{name}", getattr(c, name), 1)
+    _range("rollout.history_window", c.history_window, 0)
+    _range("rollout.temperature", c.temperature, 0.0)
+    _range("rollout.top_p", c.top_p, 0.0, 1.0, strict=True)
+    if c.max_len <= c.max_new_tokens:
+        raise ConfigError(f"config.rollout.max_len={c.max_len} must exceed rollout.max_new_tokens={c.max_new_tokens}")
+    if cfg.eval.max_len and cfg.eval.max_len <= c.max_new_tokens:
+        raise ConfigError(f"config.eval.max_len={cfg.eval.max_len} must be 0 (rollout.max_len) or exceed "
+                          f"rollout.max_new_tokens={c.max_new_tokens}")
+    _range("feedback.probability", f.probability, 0.0, 1.0)
+    _range("feedback.switch_step", f.switch_step, 0)
+    _range("feedback.bandit_discount", f.bandit_discount, 0.0, 1.0)
+    _range("feedback.bandit_prior", f.bandit_prior, 0.0, strict=True)
+    _range("envs.num_workers", cfg.envs.num_workers, 0)
+    _range("envs.step_timeout_s", cfg.envs.step_timeout_s, 0.0, strict=True)
+    _range("eval.every", cfg.eval.every, 0)
+    _range("eval.tasks", cfg.eval.tasks, 1)
+    _range("eval.max_turns", cfg.eval.max_turns, 1)
+    _range("eval.max_len", cfg.eval.max_len, 0)
+    _range("checkpoint.every", cfg.checkpoint.every, 1)
+    _range("checkpoint.keep", cfg.checkpoint.keep, 1)
+    if cfg.job == "rwml":
+        _check_rwml(cfg)
+
+
+def _check_rwml(cfg: RunConfig) -> None:
+    w = cfg.rwml
+    if w is None:
+        raise ConfigError("config.job='rwml' needs the rwml section (start from configs/rwml.py's get_config())")
+    for name in ("collect_tasks", "rollouts_per_task", "collect_max_turns", "max_obs_chars", "embedder_batch"):
+        _range(f"rwml.{name}", getattr(w, name), 1)
+    _range("rwml.history_window", w.history_window, 0)
+    _range("rwml.collect_temperature", w.collect_temperature, 0.0)
+    _range("rwml.explore_gold_prob", w.explore_gold_prob, 0.0, 1.0)
+    _range("rwml.heldout_share", w.heldout_share, 0.0, 1.0, strict=True)
+    _range("rwml.tau_d", w.tau_d, 0.0, 2.0, strict=True)
+    if w.embedder == "qwen3" and w.reward == "embedding" and not w.embedder_path:
+        raise ConfigError("config.rwml.embedder='qwen3' needs rwml.embedder_path (a local Qwen3-Embedding HF dir)")
+    if w.reward != "embedding" and not w.judge_path:
+        raise ConfigError(f"config.rwml.reward={w.reward!r} needs rwml.judge_path (a local HF chat model dir)")
+    p = w.filter
+    for name in ("sft_steps", "sft_batch", "samples"):
+        _range(f"rwml.filter.{name}", getattr(p, name), 1)
+    _range("rwml.filter.sft_share", p.sft_share, 0.0, 1.0, strict=True)
+    _range("rwml.filter.sft_lr", p.sft_lr, 0.0, strict=True)
+    _range("rwml.filter.tau_d", p.tau_d, 0.0, 2.0, strict=True)
+    _range("rwml.filter.tau_easy", p.tau_easy, 0.0, 1.0)
+    _range("rwml.filter.p_keep_easy", p.p_keep_easy, 0.0, 1.0)
+
+
+def _one_of(path: str, value, allowed: Sequence) -> None:
+    if value not in allowed:
+        raise ConfigError(f"config.{path}={value!r} is not one of: {', '.join(map(str, allowed))}")
+
+
+def _range(path: str, value, low, high=None, *, strict: bool = False) -> None:
+    """`low <= value <= high` (`low < value` when strict); `high` None: no upper bound."""
+    below = value <= low if strict else value < low
+    if below or (high is not None and value > high):
+        bound = f"> {low}" if strict else f">= {low}"
+        raise ConfigError(f"config.{path}={value!r} must be {bound}" + (f" and <= {high}" if high is not None else ""))
+
+
+def task_specs(spec: str, default_split: str) -> list[tuple[str, str, int | None]]:
+    """"sciworld,bfcl:validation,letters:test:8" -> [(env, split, first-n or None), ...]:
+    "env", "env:split" to override the split, "env:split:n" (split may be empty, "env::n")
+    for the env's first n tasks."""
+    out = []
+    for entry in [e.strip() for e in spec.split(",") if e.strip()]:
+        name, split, limit = ([p.strip() for p in entry.split(":")] + ["", ""])[:3]
+        if limit and not limit.isdigit():
+            raise ConfigError(f"task spec {entry!r}: the count after the second ':' must be a whole number")
+        out.append((name, split or default_split, int(limit) if limit else None))
+    return out
+
+
+def _check_tasks(path: str, spec: str, default_split: str) -> None:
+    from jaxscaffold.envs import registry
+    entries = task_specs(spec, default_split)
+    if not entries:
+        raise ConfigError(f"config.{path} names no environment (comma-separated names of: {', '.join(registry.ENVS)})")
+    for name, split, limit in entries:
+        _one_of(f"{path} (environment)", name, list(registry.ENVS))
+        try:
+            registry.check_split(name, split)
+        except ValueError as e:
+            raise ConfigError(f"config.{path}: {e}") from None
+        if limit is not None and limit < 1:
+            raise ConfigError(f"config.{path}: {name}'s task count must be >= 1")
+
+
+def _check_env_kwargs(text: str) -> None:
+    from jaxscaffold.envs import registry
+    if not text:
+        return
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"config.envs.env_kwargs is not JSON ({e}): {text!r}") from None
+    if not isinstance(kwargs, dict) or not all(isinstance(v, dict) for v in kwargs.values()):
+        raise ConfigError(f"config.envs.env_kwargs must map env names to objects of kwargs: {text!r}")
+    for name in kwargs:
+        _one_of("envs.env_kwargs (environment)", name, list(registry.ENVS))
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def load_file(path: str) -> ConfigDict:
+    """The ConfigDict of a config file's `get_config()` (a ConfigError if it has none)."""
+    import importlib.util
+    import os
+    name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(f"jaxscaffold_config_{name}", path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"{path} is not a Python config file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise ConfigError(f"{path} defines no get_config()")
+    cd = module.get_config()
+    if not isinstance(cd, ConfigDict):
+        raise ConfigError(f"{path}: get_config() returned a {type(cd).__name__}, not a ConfigDict")
+    return cd
+
+
+# ----------------------------------------------------------------------------- command lines
+
+
+def config_path(value: str, configs_dir: str) -> str:
+    """A config file: a path, or a file of `configs_dir` by name (".py" optional)."""
+    import os
+    for path in (value, os.path.join(configs_dir, value), os.path.join(configs_dir, value + ".py")):
+        if os.path.isfile(path):
+            return path
+    names = sorted(f for f in os.listdir(configs_dir) if f.endswith(".py")) if os.path.isdir(configs_dir) else []
+    raise ConfigError(f"no config {value!r} (not a file, not in configs/: {', '.join(names)})")
+
+
+def from_command_line(argv: Sequence[str], configs_dir: str) -> tuple[RunConfig | None, list[str], bool]:
+    """(the checked config of `--config NAME` and its `--config.a.b=v` overrides, or None when
+    no --config is given; the other arguments, for the caller; whether --help / -h was given)."""
+    name, overrides, rest, show_help = None, [], [], False
+    args = iter(argv)
+    for arg in args:
+        if arg in ("--help", "-h"):
+            show_help = True
+        elif arg == "--config":
+            name = next(args, None)
+        elif arg.startswith("--config="):
+            name = arg[len("--config="):]
+        elif arg.startswith("--config."):
+            item = arg[len("--config."):]
+            if "=" not in item:  # `--config.steps 10`
+                item += "=" + (next(args, None) or "")
+            overrides.append(item)
+        else:
+            rest.append(arg)
+    if not name:
+        if overrides:
+            raise ConfigError("--config.FIELD overrides need --config NAME_OR_PATH first")
+        return None, rest, show_help
+    cd = load_file(config_path(name, configs_dir))
+    return from_configdict(parse_overrides(cd, overrides)), rest, show_help
+
+
+# The files that declare the fields, and the prefix of their sections there (the comment on
+# each field's line documents it; the other config files only override values).
+FIELD_FILES = {"base.py": ("c.", ""), "rwml.py": ("w.", "rwml.")}
+
+
+def field_comments(configs_dir: str) -> dict[str, str]:
+    """{"rl.lr": "AdamW learning rate ...", ...} from the declaring config files' comments."""
+    import os
+    import re
+    out = {}
+    for name, (prefix, section) in FIELD_FILES.items():
+        path = os.path.join(configs_dir, name)
+        if not os.path.isfile(path):
+            continue
+        pattern = re.compile(rf"^\s*{re.escape(prefix)}([\w.]+)\s*=.*?#\s*(.+)$")
+        for line in open(path):
+            m = pattern.match(line)
+            if m:
+                out[section + m.group(1)] = m.group(2).strip()
+    return out
+
+
+def describe(cfg: RunConfig, configs_dir: str) -> str:
+    """Every field of `cfg`, a line each: `--config.name=value  # its comment`."""
+    comments = field_comments(configs_dir)
+    lines = []
+
+    def walk(d: dict, where: str) -> None:
+        for key, value in d.items():
+            if isinstance(value, dict):
+                walk(value, f"{where}{key}.")
+            else:
+                comment = comments.get(where + key)
+                lines.append(f"  --config.{where}{key}={value!r}" + (f"  # {comment}" if comment else ""))
+    walk(cfg.to_dict(), "")
+    return "\n".join(lines)

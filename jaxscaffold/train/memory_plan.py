@@ -1,0 +1,239 @@
+"""Memory plans: what a run holds per device, known before anything is allocated.
+
+From a run config and a mesh (real, or fake CPU devices standing in for a pod slice) this
+measures, per device:
+  parameters, optimizer state  the shard shapes the training state is placed with;
+  gradients                    parameters' shards in the master dtype (the step's temporaries);
+  activations                  XLA's memory analysis of the compiled train step at the run's
+                               worst-case batch (longest rows, most trained tokens), its
+                               temporaries less the gradients (under the configured remat);
+  sampler weights, KV cache    the rollout sampler's cache state (its shapes and shardings) and
+                               its copy of the weights in the compute dtype.
+Nothing is allocated: parameters are `jax.eval_shape`d and programs lowered for abstract
+arguments. The training state stays resident while rollouts run, so the peak is the larger of
+the train phase (state + step temporaries) and the rollout phase (state + sampler).
+
+XLA:CPU's buffer assignment stands in for the accelerator's when the mesh is fake, so the
+activation figure is an estimate of a TPU's or GPU's (fusion decisions differ); the parameter,
+optimizer, gradient and cache figures are exact byte counts of the arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxscaffold.buckets import pow2_bucket
+from jaxscaffold.config import RunConfig
+from jaxscaffold.models import config as model_configs
+from jaxscaffold.models import attention, hf_io, qwen3
+from jaxscaffold.models.sharding import MeshConfig, make_mesh
+from jaxscaffold.rl.presets import preset
+from jaxscaffold.rl.train_step import (BATCH_AXES, OptimizerConfig, TrainState, batch_shardings, init_train_state,
+                                       make_train_step, state_shardings)
+from jaxscaffold.rollout.engine import Sampler
+
+GB = 1e9
+
+
+def model_config(cfg: RunConfig) -> model_configs.Qwen3Config:
+    """The run's model architecture and execution options, without loading any weight."""
+    m = cfg.model
+    execution = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, scan_layers=m.scan_layers,
+                     remat_policy=m.remat_policy)
+    if m.hf_path:
+        path = os.path.join(m.hf_path, "config.json")
+        try:
+            with open(path) as f:
+                hf = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise hf_io.CheckpointError(f"{path}: cannot read the model's config ({e})") from None
+        return hf_io.config_from_hf(hf, path, **execution)
+    if m.preset == "tiny":
+        return model_configs.tiny(**execution)
+    return model_configs.preset(m.preset, **execution)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per device of each part of a run, and the device's memory."""
+
+    devices: int
+    hbm_bytes: float
+    params: int
+    opt_state: int
+    grads: int
+    activations: int | None  # None: the train step was not compiled (`compile_step=False`)
+    reference: int  # the frozen reference parameters (KL to the initial policy)
+    sampler_weights: int
+    kv_cache: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def state(self) -> int:
+        return self.params + self.opt_state + self.reference
+
+    @property
+    def train_peak(self) -> int:
+        return self.state + self.grads + (self.activations or 0)
+
+    @property
+    def rollout_peak(self) -> int:
+        return self.state + self.sampler_weights + self.kv_cache
+
+    @property
+    def peak(self) -> int:
+        return max(self.train_peak, self.rollout_peak)
+
+    def fits(self) -> bool:
+        return self.peak <= self.hbm_bytes
+
+    def advice(self, cfg: RunConfig) -> list[str]:
+        """What does not fit, and the knobs that shrink it (empty when the plan fits)."""
+        if self.fits():
+            return []
+        out = []
+        if self.train_peak > self.hbm_bytes:
+            out.append(f"the train phase needs {self.train_peak / GB:.1f} GB of {self.hbm_bytes / GB:.1f} GB")
+            if cfg.mesh.fsdp != -1 and self.params + self.opt_state > 0.3 * self.hbm_bytes:
+                out.append("shard parameters and optimizer state over every device (--config.mesh.fsdp=-1 "
+                           "--config.mesh.data=1) or use more devices")
+            if cfg.model.param_dtype == "float32":
+                out.append("bf16 master weights halve parameters, gradients and moments "
+                           "(--config.model.param_dtype=bfloat16)")
+            room = self.hbm_bytes - self.state - self.grads
+            if self.activations and self.activations > 0.25 * self.hbm_bytes:
+                if cfg.model.remat_policy != "full":
+                    out.append("recompute activations (--config.model.remat_policy=full)")
+                if room > 0:  # activations scale about with the rows of one micro-batch
+                    need = cfg.rl.micro_batches * 2 ** math.ceil(math.log2(max(1.0, self.activations / room)))
+                    out.append(f"about --config.rl.micro_batches={need} (activations scale with the rows of a "
+                               "micro-batch; launch/plan.py --search checks it), or shorter rows (rollout.max_len)")
+                else:
+                    out.append("parameters, moments and gradients alone exceed the device: more devices or fsdp")
+            if cfg.rl.kl_coef:
+                out.append("the KL reference holds a copy of the parameters (rl.kl_coef=0 drops it)")
+        if self.rollout_peak > self.hbm_bytes:
+            out.append(f"the rollout phase needs {self.rollout_peak / GB:.1f} GB "
+                       f"(KV cache {self.kv_cache / GB:.1f} GB) of {self.hbm_bytes / GB:.1f} GB")
+            knobs = "fewer rows (rollout.tasks_per_step x group_size) or a shorter rollout.max_len"
+            if cfg.model.cache_dtype == "float32":
+                knobs += ", or --config.model.cache_dtype=bfloat16"
+            out.append(f"a smaller cache: {knobs}")
+        return out
+
+    def table(self) -> str:
+        rows = [("parameters", self.params), ("optimizer state", self.opt_state), ("gradients", self.grads),
+                ("activations (train step temporaries)", self.activations),
+                ("KL reference parameters", self.reference), ("sampler weights", self.sampler_weights),
+                ("KV cache", self.kv_cache), ("peak, train phase", self.train_peak),
+                ("peak, rollout phase", self.rollout_peak)]
+        lines = [f"{name:<40} {'not compiled' if b is None else f'{b / GB:9.2f} GB'}" for name, b in rows]
+        verdict = "fits" if self.fits() else "does NOT fit"
+        lines.append(f"{'device memory':<40} {self.hbm_bytes / GB:9.2f} GB: {verdict}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(train_peak=self.train_peak, rollout_peak=self.rollout_peak, peak=self.peak, fits=self.fits())
+        return d
+
+
+def _shard_bytes(shapes, shardings) -> int:
+    """Bytes of the largest shard per device (the shards of one array differ at most by padding)."""
+    total = 0
+    for s, sh in zip(jax.tree.leaves(shapes), jax.tree.leaves(shardings)):
+        shard = sh.shard_shape(s.shape) if sh is not None else s.shape
+        total += math.prod(shard) * np.dtype(s.dtype).itemsize
+    return total
+
+
+def _abstract(shapes, shardings):
+    return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
+
+
+def worst_case_batch(cfg: RunConfig) -> tuple[int, int, int]:
+    """(rows, row length, trained positions) of the largest optimizer step a run can take:
+    every row as long as the context, every model turn at its token budget."""
+    c = cfg.rollout
+    rows = c.tasks_per_step * c.group_size
+    if c.representation == "stepwise":
+        rows *= c.max_turns  # a row per model turn
+    rows = -(-rows // cfg.rl.num_minibatches)
+    length = pow2_bucket(c.max_len, 64)
+    turns = 1 if c.representation == "stepwise" else c.max_turns
+    positions = min(length, pow2_bucket(c.max_new_tokens * turns, 16, per_octave=2))
+    return rows, length, positions
+
+
+def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compile_step: bool = True) -> MemoryPlan:
+    """The memory plan of `cfg` on `devices` (default: all), e.g. fake CPU devices of a pod's count."""
+    devices = list(jax.devices() if devices is None else devices)
+    mesh = make_mesh(MeshConfig(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor), devices)
+    config = model_config(cfg)
+    r, c = cfg.rl, cfg.rollout
+    opt_config = OptimizerConfig(lr=r.lr, weight_decay=r.weight_decay, grad_clip=r.grad_clip,
+                                 warmup_steps=r.warmup_steps)
+    optimizer = opt_config.make()
+    param_shapes = qwen3.param_shapes(config)
+    state_sh = state_shardings(config, optimizer, mesh)
+    state_shapes = jax.eval_shape(lambda p: init_train_state(p, optimizer), param_shapes)
+    params = _shard_bytes(state_shapes.params, state_sh.params)
+    opt_state = _shard_bytes(state_shapes.opt_state, state_sh.opt_state)
+    algo = preset(r.algorithm, kl_coef=r.kl_coef, entropy_coef=r.entropy_coef)
+    with_reference = bool(algo.kl_coef)
+    reference = params if with_reference else 0
+    notes = []
+
+    activations = None
+    if compile_step:
+        step = make_train_step(config, algo, opt_config, num_micro_batches=r.micro_batches, mesh=mesh,
+                               agg_constant=float(c.max_new_tokens * c.max_turns), with_reference=with_reference)
+        rows, length, positions = worst_case_batch(cfg)
+        data_parallel = mesh.shape["data"] * mesh.shape["fsdp"]
+        rows += (-rows) % (r.micro_batches * data_parallel)
+        dtypes = {"tokens_BT": jnp.int32, "segment_ids_BT": jnp.int32, "loss_mask_BT": jnp.int32,
+                  "old_logp_BT": jnp.float32, "adv_B": jnp.float32}
+        b_sh = batch_shardings(mesh)
+        batch = {k: jax.ShapeDtypeStruct((rows, length)[: len(BATCH_AXES[k])], dtypes[k], sharding=b_sh[k])
+                 for k in BATCH_AXES}
+        state = _abstract(state_shapes, state_sh)
+        ref = (_abstract(state_shapes.params, state_sh.params),) if with_reference else ()
+        stats = step.lower(state, batch, *ref, num_positions=positions).compile().memory_analysis()
+        grads = params
+        activations = max(0, int(stats.temp_size_in_bytes) - grads)
+        notes.append(f"train step compiled for {rows} rows x {length} tokens, {positions} trained positions a row")
+        if attention.resolve_impl(config.attention_impl, config.compute_dtype) == "xla":
+            # The portable fallback holds f32 scores of a query block (at most 8 blocks) over its keys.
+            rows_dev = -(-rows // (r.micro_batches * data_parallel))
+            scores = rows_dev * config.num_heads * -(-length // 8) * length * 4
+            notes.append(f"attention compiled as the XLA fallback, whose f32 score blocks take ~{scores / GB:.1f} GB "
+                         "a layer here; it is what a multi-device mesh runs today on every platform "
+                         "(attention.resolve_impl: the Pallas / cuDNN kernels are not wrapped in shard_map)")
+    grads = params
+
+    # The sampler: rows of this process's share of the groups, its cache as it is built.
+    share = -(-c.tasks_per_step // jax.process_count())
+    sampler = Sampler(config, batch_size=share * c.group_size, max_len=c.max_len, cache_dtype=cfg.model.cache_dtype)
+    cache = jax.eval_shape(sampler.init_state)
+    cache_sh = sampler.programs.state_shardings()
+    kv = _shard_bytes(cache, cache_sh) if cache_sh is not None else sum(
+        math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(cache))
+    # Rollouts sample with the training state's parameters as they are placed (the stacked
+    # layout casts inside its programs), except on several processes, where each gathers the
+    # whole model onto one of its devices.
+    sharded = any(not sh.is_fully_replicated for sh in jax.tree.leaves(state_sh.params))
+    sampler_weights = 0
+    if jax.process_count() > 1 and sharded:
+        sampler_weights = sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(param_shapes))
+        notes.append("on several processes rollouts gather the whole model onto one device of each")
+    if cache_sh is None:
+        notes.append("the sampler is not sharded: its cache and weights sit on one device of each process")
+    return MemoryPlan(len(devices), hbm_bytes, params, opt_state, grads, activations, reference, sampler_weights,
+                      kv, tuple(notes))

@@ -1,0 +1,31 @@
+"""The registry's split table (read without importing an env) agrees with each env's own."""
+
+import importlib
+
+import pytest
+
+from jaxscaffold.envs import registry
+
+
+@pytest.mark.parametrize("name", sorted(registry.ENVS))
+def test_split_table_matches_the_env_module(name):
+    module = importlib.import_module(registry.ENVS[name][0])
+    if name == "sciworld":
+        own = module._SPLITS["L0"]  # the default level of `catalogue`
+    elif name == "alfworld":
+        own = (*module.SPLITS, *module.SPLIT_ALIASES)
+    elif name == "letters":
+        own = ("train", "test")
+    else:
+        own = module.SPLITS
+    assert tuple(registry.SPLITS[name]) == tuple(own)
+    if name == "tau2":
+        assert registry.TAU2_DOMAINS == module.DOMAINS
+
+
+def test_check_split():
+    registry.check_split("tau2", "airline/test")
+    with pytest.raises(ValueError, match="tau2 has no domain 'bank'"):
+        registry.check_split("tau2", "bank/test")
+    with pytest.raises(ValueError, match="bfcl has no split 'test'; splits: train, validation"):
+        registry.check_split("bfcl", "test")

@@ -1,0 +1,185 @@
+"""The typed run config: every config file builds; every bad field or value is one clear error."""
+
+import dataclasses
+import glob
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jaxscaffold import config as config_lib
+from jaxscaffold.config import ConfigError
+from jaxscaffold.feedback import enrichers, randomization, schedule
+from jaxscaffold.models import config as model_configs
+from jaxscaffold.rl import presets
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
+
+
+def base():
+    return config_lib.load_file(os.path.join(ROOT, "configs", "base.py"))
+
+
+def rwml():
+    return config_lib.load_file(os.path.join(ROOT, "configs", "rwml.py"))
+
+
+def build(cd, *overrides):
+    return config_lib.from_configdict(config_lib.parse_overrides(cd, list(overrides)))
+
+
+# What a config file leaves for its user to fill in (its docstring says so).
+REQUIRED = {"rwml_tau2.py": ["rwml.embedder_path=/ckpt/Qwen3-Embedding-8B"]}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
+def test_every_config_file_builds_and_round_trips(path):
+    required = REQUIRED.get(os.path.basename(path), [])
+    if required:
+        with pytest.raises(ConfigError, match=required[0].split("=")[0]):
+            build(config_lib.load_file(path))
+    cfg = build(config_lib.load_file(path), *required)
+    assert config_lib.from_dict(cfg.to_dict()) == cfg
+    assert (cfg.rwml is not None) == (cfg.job == "rwml")
+
+
+# (field, a bad value, the allowed values the message must list): one case per enum.
+ENUMS = [
+    ("rl.algorithm", "ppo", sorted(presets.PRESETS)),
+    ("feedback.schedule", "ag_erly", [*schedule.NAMES, "bandit"]),
+    ("feedback.mode", "groups", list(randomization.MODES)),
+    ("feedback.ag_form", "papers", enrichers.form_names("ag")),
+    ("feedback.oe_form", "list", enrichers.form_names("oe")),
+    ("feedback.bandit_signal", "reward", ["informative", "success"]),
+    ("rollout.representation", "traj", ["trajectory", "stepwise"]),
+    ("model.preset", "qwen4-4b", ["tiny", *model_configs.PRESETS]),
+    ("model.param_dtype", "fp32", list(config_lib.DTYPES)),
+    ("model.compute_dtype", "bf16", list(config_lib.DTYPES)),
+    ("model.cache_dtype", "int8", list(config_lib.DTYPES)),
+    ("model.remat_policy", "some", ["none", "full", "save_dots"]),
+    ("job", "ppo", ["rl", "rwml"]),
+    ("envs.train", "nosuchenv", ["letters", "sciworld", "bfcl", "alfworld", "tau2"]),
+    ("envs.eval", "sciworld,bfcl:valid", ["train", "validation"]),
+    ("envs.train_split", "tset", ["train", "test"]),
+]
+RWML_ENUMS = [
+    ("rwml.objective", "ppo", ["rl", "sft"]),
+    ("rwml.collect_policy", "random", ["model", "explore"]),
+    ("rwml.reward", "judge", ["embedding", "judge_binary", "judge_continuous"]),
+    ("rwml.embedder", "bert", ["minilm", "qwen3"]),
+]
+
+
+@pytest.mark.parametrize("field, bad, allowed", ENUMS + RWML_ENUMS, ids=[e[0] for e in ENUMS + RWML_ENUMS])
+def test_a_bad_enum_names_the_field_and_the_allowed_values(field, bad, allowed):
+    cd = rwml() if field.startswith("rwml.") else base()
+    with pytest.raises(ConfigError) as e:
+        build(cd, f"{field}={bad}")
+    msg = str(e.value)
+    assert "\n" not in msg and field.split(".")[0] in msg and repr(bad.split(",")[-1].split(":")[-1]) in msg
+    for value in allowed:
+        assert value in msg, (value, msg)
+
+
+def test_bandit_arms_are_schedules():
+    with pytest.raises(ConfigError, match=r"feedback.bandit_arms='ag_erly' is not one of: none"):
+        build(base(), "feedback.schedule=bandit", "feedback.bandit_arms=none,ag_erly")
+    assert build(base(), "feedback.schedule=bandit").feedback.arms()[0] == "none"
+
+
+@pytest.mark.parametrize("override, match", [
+    ("stepz=3", r"unknown config field stepz \(did you mean steps\?\)"),
+    ("rl.lrr=1e-6", r"unknown config field rl.lrr \(did you mean lr\?\)"),
+    ("rll.lr=1e-6", r"unknown config field rll \(did you mean rl\?\)"),
+    ("rl=3", r"config.rl is a section"),
+    ("steps=ten", r"config.steps='ten' must be a int"),
+    ("rollout.enable_thinking=maybe", r"must be a bool"),
+    ("steps", r"has no value"),
+])
+def test_overrides_are_checked_against_the_schema(override, match):
+    with pytest.raises(ConfigError, match=match):
+        build(base(), override)
+
+
+def test_overrides_are_parsed_as_their_fields_type():
+    cfg = build(base(), "steps=7", "rl.lr=3e-2", "rollout.enable_thinking=false", "envs.train=letters",
+                "rollout.top_p=1")
+    assert (cfg.steps, cfg.rl.lr, cfg.rollout.enable_thinking, cfg.envs.train) == (7, 0.03, False, "letters")
+    assert isinstance(cfg.rollout.top_p, float)
+
+
+@pytest.mark.parametrize("override, match", [
+    ("feedback.probability=1.5", r"feedback.probability=1.5 must be >= 0.0 and <= 1.0"),
+    ("rollout.max_len=512", r"rollout.max_len=512 must exceed rollout.max_new_tokens=512"),
+    ("rollout.group_size=0", r"rollout.group_size=0 must be >= 1"),
+    ("rl.lr=0", r"rl.lr=0.0 must be > 0.0"),
+    ("mesh.fsdp=-1", r"at most one of data / fsdp / tensor may be -1"),
+    ("mesh.tensor=0", r"mesh.tensor=0 must be >= 1"),
+    ("envs.eval=letters:test:x", r"must be a whole number"),
+    ("envs.env_kwargs={bad", r"env_kwargs is not JSON"),
+    ('envs.env_kwargs={"tau3": {}}', r"env_kwargs \(environment\)='tau3' is not one of"),
+    ("eval.max_len=100", r"eval.max_len=100 must be 0"),
+])
+def test_ranges_and_dependent_fields(override, match):
+    with pytest.raises(ConfigError, match=match):
+        build(base(), override)
+
+
+def test_dict_form_is_checked_like_the_configdict():
+    d = base().to_dict()
+    d["rl"]["lr"] = "fast"
+    with pytest.raises(ConfigError, match=r"config.rl.lr='fast' must be a float"):
+        config_lib.from_dict(d)
+    d = base().to_dict()
+    del d["eval"]["every"]
+    with pytest.raises(ConfigError, match=r"config.eval.every is missing"):
+        config_lib.from_dict(d)
+    d = base().to_dict()
+    d["job"] = "rwml"
+    with pytest.raises(ConfigError, match=r"needs the rwml section"):
+        config_lib.from_dict(d)
+
+
+def test_the_tree_is_frozen():
+    cfg = build(base())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.rl.lr = 1.0
+
+
+def test_task_specs():
+    assert config_lib.task_specs("sciworld, bfcl:validation,letters:test:8,letters::2", "test") == [
+        ("sciworld", "test", None), ("bfcl", "validation", None), ("letters", "test", 8), ("letters", "test", 2)]
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--config.rl.algorithm=ppo"], "config.rl.algorithm='ppo' is not one of: dapo, drgrpo, grpo, gspo"),
+    (["--config.feedback.schedule=ag_erly"], "config.feedback.schedule='ag_erly' is not one of"),
+    (["--config.rollout.representation=traj"], "config.rollout.representation='traj' is not one of: trajectory, stepwise"),
+    (["--config.stepz=3"], "unknown config field stepz (did you mean steps?)"),
+])
+def test_the_launcher_refuses_a_bad_config_in_one_line_within_seconds(args, match):
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "tpu_train.py"), "--config", "tiny.py", *args],
+                         capture_output=True, text=True, timeout=60)
+    elapsed = time.perf_counter() - t0
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == [f"error: {match}"] or match in out.stderr and \
+        len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert elapsed < 15, elapsed  # before any model is built (jax's import is most of it)
+
+
+def test_the_launcher_help_lists_every_field_with_its_value_and_comment():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "tpu_train.py"), "--config", "rwml_tiny.py",
+                          "--config.steps=3", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.startswith("  --config.")]
+    cfg = build(config_lib.load_file(os.path.join(ROOT, "configs", "rwml_tiny.py")))
+
+    def count(d):
+        return sum(count(v) if isinstance(v, dict) else 1 for v in d.values())
+    assert len(lines) == count(cfg.to_dict())
+    assert all("  # " in line for line in lines), [line for line in lines if "  # " not in line]
+    assert "  --config.steps=3  # training steps" in out.stdout

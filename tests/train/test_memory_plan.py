@@ -1,0 +1,72 @@
+"""Memory plans: exact byte counts of the placed arrays, and the compiled step's temporaries."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from jaxscaffold import config as config_lib
+from jaxscaffold.models import config as model_configs
+from jaxscaffold.train import memory_plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def tiny(*overrides):
+    cd = config_lib.load_file(os.path.join(ROOT, "configs", "tiny.py"))
+    return config_lib.from_configdict(config_lib.parse_overrides(cd, list(overrides)))
+
+
+def param_count(c):
+    per_layer = (c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim + c.num_heads * c.head_dim * c.hidden_size
+                 + 3 * c.hidden_size * c.intermediate_size + 2 * c.hidden_size + 2 * c.head_dim)
+    embed = c.vocab_size * c.hidden_size * (1 if c.tie_word_embeddings else 2)
+    return c.num_layers * per_layer + embed + c.hidden_size
+
+
+def test_state_and_cache_bytes_equal_their_formulas():
+    cfg = tiny("mesh.data=1", "mesh.fsdp=4", "mesh.tensor=2")
+    p = memory_plan.plan(cfg, hbm_bytes=16e9, devices=jax.devices()[:8], compile_step=False)
+    c = model_configs.tiny()
+    n = param_count(c)
+    # Sharded over 8 devices; a few small arrays (norms) stay replicated, so between n/8 and n/8 + norms.
+    assert 4 * n / 8 <= p.params <= 4 * (n / 8 + c.num_layers * 4 * c.hidden_size + c.hidden_size)
+    assert p.opt_state == pytest.approx(2 * p.params, abs=64)  # Adam's two moments, plus counters
+    assert p.grads == p.params and p.activations is None and p.reference == 0
+    rows = cfg.rollout.tasks_per_step * cfg.rollout.group_size
+    kv = 2 * c.num_layers * rows * cfg.rollout.max_len * c.num_kv_heads * c.head_dim * 4  # f32 cache (tiny.py)
+    assert kv <= p.kv_cache <= kv + rows * (cfg.rollout.max_len * 4 + 64) + rows * c.vocab_size * 4
+
+
+def test_activations_come_from_the_compiled_step_and_shrink_with_micro_batches():
+    one = memory_plan.plan(tiny("mesh.devices=1"), hbm_bytes=16e9, devices=jax.devices()[:1])
+    four = memory_plan.plan(tiny("mesh.devices=1", "rl.micro_batches=4"), hbm_bytes=16e9, devices=jax.devices()[:1])
+    assert one.activations > four.activations > 0
+    assert one.fits() and one.peak == max(one.train_peak, one.rollout_peak)
+    small = memory_plan.plan(tiny("mesh.devices=1"), hbm_bytes=one.train_peak / 2, devices=jax.devices()[:1])
+    advice = " ".join(small.advice(tiny("mesh.devices=1")))
+    assert not small.fits() and "train phase" in advice and "micro_batches" in advice
+
+
+def test_worst_case_batch():
+    cfg = tiny("rollout.max_turns=3", "rollout.max_new_tokens=20", "rollout.max_len=200")
+    assert memory_plan.worst_case_batch(cfg) == (32, 256, 64)  # 3 x 20 trained tokens -> the 64 bucket
+
+
+@pytest.mark.slow
+def test_plan_cli_prints_json_and_exits_by_the_verdict():
+    cmd = [sys.executable, os.path.join(ROOT, "launch", "plan.py"), "--config", "tiny.py", "--devices", "2", "--json"]
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
+    out = subprocess.run(cmd + ["--hbm-gb", "16"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    assert d["devices"] == 2 and d["fits"] and d["advice"] == []
+    out = subprocess.run(cmd + ["--hbm-gb", "0.01"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 1 and not json.loads(out.stdout.strip().splitlines()[-1])["fits"]
+    out = subprocess.run(cmd + ["--config.rl.algorithm=ppo"], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 2 and out.stderr.strip().startswith("error: config.rl.algorithm='ppo'")
