@@ -194,6 +194,25 @@ def from_configdict(cd: ConfigDict | Mapping) -> RunConfig:
     return cfg
 
 
+def typed(cfg: RunConfig | ConfigDict | Mapping) -> RunConfig:
+    """`cfg` as a checked RunConfig (the public entry points take a ConfigDict too)."""
+    return cfg if isinstance(cfg, RunConfig) else from_configdict(cfg)
+
+
+def replace(cfg: RunConfig, **changes: Any) -> RunConfig:
+    """`cfg` with dotted fields changed, checked: `replace(cfg, **{"envs.eval": "letters"})`."""
+    d = cfg.to_dict()
+    for path, value in changes.items():
+        *parents, leaf = path.split(".")
+        section = d
+        for name in parents:
+            section = section[name]
+        if leaf not in section:
+            raise ConfigError(f"unknown config field {path}")
+        section[leaf] = value
+    return from_dict(d)
+
+
 def from_dict(d: Mapping) -> RunConfig:
     """`RunConfig.to_dict`'s inverse (e.g. a checkpoint's config), validated."""
     return from_configdict(d)

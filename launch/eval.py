@@ -38,29 +38,27 @@ def run_gold(tasks, workers: int) -> list[bool]:
 
 
 def run_model(args, tasks) -> list[bool]:
-    from ml_collections import ConfigDict
-
-    from jaxscaffold.train import loop
+    from jaxscaffold import config as config_lib
     from jaxscaffold.train.checkpoint import Checkpointer
+    from jaxscaffold.train.job import build_job
+    from jaxscaffold.train.workloads.env_rl import EnvWorkload
     if args.checkpoint:
         ckpt = Checkpointer(os.path.join(args.checkpoint, "checkpoints"), async_save=False)
-        cfg = ConfigDict(ckpt.restore_extra()["config"])
+        cfg = config_lib.from_dict(ckpt.restore_extra()["config"])
     else:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs"))
-        import base
-        cfg = base.get_config()
-        cfg.model.hf_path = args.hf
-    cfg.envs.eval, cfg.envs.eval_split, cfg.eval.tasks = args.env, args.split, len(tasks)
-    cfg.envs.train, cfg.envs.train_split = args.env, args.split
-    cfg.envs.num_workers = args.workers
-    job, state = loop._job(cfg)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        cfg = config_lib.replace(config_lib.from_configdict(config_lib.load_file(os.path.join(root, "configs", "base.py"))),
+                                 **{"model.hf_path": args.hf})
+    cfg = config_lib.replace(cfg, **{"envs.eval": args.env, "envs.eval_split": args.split, "eval.tasks": len(tasks),
+                                     "envs.train": args.env, "envs.train_split": args.split,
+                                     "envs.num_workers": args.workers})
+    job, state = build_job(cfg)
     if args.checkpoint:
         state, _ = ckpt.restore(state)
         ckpt.close()
-    work = loop.EnvWorkload(job)
-    work.eval_tasks = tasks
+    work = EnvWorkload(job)
     try:
-        episodes = work.evaluate_episodes(job, state.params, step=0)
+        episodes = work.evaluate_episodes(job, state.params, step=0, tasks=tasks)
     finally:
         work.close()
     return [e.won for e in episodes if e.failure is None]

@@ -34,7 +34,7 @@ def main() -> None:
 
     from jaxscaffold.envs import registry
     from jaxscaffold.envs.pool import EnvPool
-    from jaxscaffold.train.rwml import explorer_trajectories
+    from jaxscaffold.train.workloads.world_model import explorer_trajectories
     from jaxscaffold.worldmodel import calibration, triples as triples_lib
     from jaxscaffold.worldmodel.embedders import make_embedder
 

@@ -41,9 +41,9 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if cfg.job == "rl":  # task RL on environments (FEE, the standard baseline, RWML's stage 2)
-        from jaxscaffold.train.loop import train
+        from jaxscaffold.train.trainer import train
     else:  # world-model RL (RWML's stage 1)
-        from jaxscaffold.train.rwml import train_world_model as train
+        from jaxscaffold.train.workloads.world_model import train_world_model as train
     result = train(cfg)
     hist = result["history"]
     if hist:

@@ -5,7 +5,8 @@ Each arm is a schedule (e.g. `none`, `ag_early`, `ag_late`, `oe_early`, `oe_late
 training step each group is given one arm by Thompson sampling from Beta posteriors; after
 the step the group reports a learning signal in [0, 1] and its arm's posterior is updated.
 The default signal is whether the group was *informative* (its rewards were not all equal,
-so GRPO had a non-zero advantage to learn from), the quantity feedback exists to raise.
+so GRPO had a non-zero advantage to learn from: `rl.advantages.informative` on the rewards),
+the quantity feedback exists to raise.
 Posteriors are discounted every step so the bandit can follow the paper's finding that the
 best feedback changes over training (AG early, OE late).
 
@@ -70,8 +71,3 @@ def update(state: BanditState, outcomes: Sequence[tuple[str, float]]) -> BanditS
         b[i] += 1.0 - signal
     return dataclasses.replace(state, alpha=tuple(map(float, a)), beta=tuple(map(float, b)))
 
-
-def informative(rewards_G) -> float:
-    """1.0 when a group's rewards are not all equal (GRPO gets a gradient from it), else 0.0."""
-    r = np.asarray(rewards_G, np.float64)
-    return float(r.size > 1 and np.ptp(r) > 0)

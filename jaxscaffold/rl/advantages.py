@@ -28,6 +28,15 @@ ESTIMATORS = ("grpo", "drgrpo", "rloo")
 COUNTS = ("trajectory", "row")
 
 
+def informative(values_G) -> bool:
+    """Whether a group teaches anything: more than one value and not all equal (otherwise every
+    estimator's group-relative advantage is zero). The one definition of an informative group;
+    callers choose the values: DAPO's dynamic sampler the binary successes, the bandit's signal
+    and the rollout metrics the rewards."""
+    v = np.asarray(values_G, np.float64)
+    return bool(v.size > 1 and np.ptp(v) > 0)
+
+
 def advantages(
     rewards_N,
     group_ids_N,

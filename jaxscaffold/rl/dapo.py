@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxscaffold.rl import advantages
+
 
 def overlong_penalty(lengths_N, max_len: int, buffer: int, factor: float = 1.0):
     """Soft overlong penalty added to the reward, counted in TOKENS: `penalty_N` <= 0.
@@ -48,9 +50,9 @@ class SampledGroups:
 
 
 def informative(successes_G) -> bool:
-    """A group teaches something only if its binary successes are not all equal."""
-    s = _binary(successes_G)
-    return bool(s.min() != s.max())
+    """A group teaches something only if its binary successes are not all equal
+    (`advantages.informative` on the successes, which must be binary)."""
+    return advantages.informative(_binary(successes_G))
 
 
 def _binary(successes_G):
@@ -120,7 +122,7 @@ class DynamicSampler:
         for s, payload in zip(successes, payloads):
             s = _binary(s)
             self.num_seen += 1
-            if s.min() == s.max():
+            if not advantages.informative(s):
                 if s[0]:
                     self.num_dropped_all_one += 1
                 else:

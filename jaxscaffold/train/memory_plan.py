@@ -21,9 +21,7 @@ optimizer, gradient and cache figures are exact byte counts of the arrays.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 
 import jax
 import jax.numpy as jnp
@@ -31,33 +29,15 @@ import numpy as np
 
 from jaxscaffold.buckets import pow2_bucket
 from jaxscaffold.config import RunConfig
-from jaxscaffold.models import config as model_configs
-from jaxscaffold.models import attention, hf_io, qwen3
+from jaxscaffold.models import attention, qwen3
 from jaxscaffold.models.sharding import MeshConfig, make_mesh
 from jaxscaffold.rl.presets import preset
 from jaxscaffold.rl.train_step import (BATCH_AXES, OptimizerConfig, TrainState, batch_shardings, init_train_state,
                                        make_train_step, state_shardings)
 from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.train.job import model_config
 
 GB = 1e9
-
-
-def model_config(cfg: RunConfig) -> model_configs.Qwen3Config:
-    """The run's model architecture and execution options, without loading any weight."""
-    m = cfg.model
-    execution = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, scan_layers=m.scan_layers,
-                     remat_policy=m.remat_policy)
-    if m.hf_path:
-        path = os.path.join(m.hf_path, "config.json")
-        try:
-            with open(path) as f:
-                hf = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            raise hf_io.CheckpointError(f"{path}: cannot read the model's config ({e})") from None
-        return hf_io.config_from_hf(hf, path, **execution)
-    if m.preset == "tiny":
-        return model_configs.tiny(**execution)
-    return model_configs.preset(m.preset, **execution)
 
 
 @dataclasses.dataclass(frozen=True)

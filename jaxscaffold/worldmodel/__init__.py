@@ -6,5 +6,5 @@ by the embedding distance to the real next state (or an LLM judge), reading long
 whole: `chunking` cuts a text past the embedder's token limit (`embedders`) into chunks it
 reads entirely; `difficulty` keeps the informative triples; `calibration` picks tau_d for an
 embedder. (How far training moved the weights, RWML vs SFT: `jaxscaffold.models.weight_change`.)
-`jaxscaffold.train.rwml` wires them into the training loop.
+`jaxscaffold.train.workloads.world_model` wires them into training.
 """

@@ -118,7 +118,3 @@ def test_bandit_follows_a_change_in_the_best_arm():
         state = bandit.update(state, [(a, float(rng.rand() < (0.8 if a == best else 0.2))) for a in arms])
     assert late.count("oe_late") / len(late) > 0.7
 
-
-def test_informative_signal():
-    assert bandit.informative([0, 0, 0]) == 0.0 and bandit.informative([0, 1, 0]) == 1.0
-    assert bandit.informative([1.0]) == 0.0

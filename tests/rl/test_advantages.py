@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from jaxscaffold.rl.advantages import ESTIMATORS, advantages
+from jaxscaffold.rl.advantages import ESTIMATORS, advantages, informative
 from tests.rl import numpy_reference as ref
 
 # Groups of 1, 2, 3 and 5 rollouts, interleaved in the batch, with string ids.
@@ -109,3 +109,18 @@ def test_bad_arguments_raise():
         advantages([1.0, 2.0], [0])
     with pytest.raises(ValueError, match="traj ids"):
         advantages([1.0, 2.0], [0, 0], traj_ids_N=[1])
+
+
+def test_informative_signal():
+    """The one definition of an informative group (the bandit's signal, the rollout metrics and
+    DAPO's filter use it): more than one value, not all equal, exactly when an estimator's
+    group-relative advantages are not all zero."""
+    assert informative([0, 0, 0]) == 0.0 and informative([0, 1, 0]) == 1.0
+    assert informative([1.0]) == 0.0
+    assert informative(np.asarray([True, False])) and not informative([0.5, 0.5])
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        g = rng.integers(0, 2, size=int(rng.integers(2, 6))).astype(float)
+        for estimator in ESTIMATORS:
+            adv = advantages(g, np.zeros(len(g), int), estimator)
+            assert informative(g) == bool(np.any(adv != 0)), (g, estimator)

@@ -1,4 +1,5 @@
-"""Loading a `configs/` file with dotted overrides, as `--config.a.b=v` would (tests only)."""
+"""Loading a `configs/` file with dotted overrides, as `--config.a.b=v` would, and the tests'
+small version of the tiny config (tests only)."""
 
 import importlib.util
 import os
@@ -23,3 +24,19 @@ def apply_overrides(cfg, overrides: dict) -> None:
         for p in path:
             node = node[p]
         node[last] = v
+
+
+def tiny_config(out_dir, *, real_eval: bool = False, **overrides):
+    """configs/tiny.py made smaller for tests: in-process envs, one of the 8 test devices (8
+    data-parallel replicas of the parameters and their update would only repeat the work on the
+    machine's cores; the smoke test and the multi-host ones train on several), and (unless
+    `real_eval`) letters instead of the ScienceWorld / BFCL evaluation."""
+    cfg = load_config("tiny")
+    cfg.out_dir = str(out_dir)
+    cfg.rollout.tasks_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens = 2, 4, 8
+    cfg.envs.num_workers = 0
+    cfg.mesh.devices = 1
+    if not real_eval:
+        cfg.envs.eval, cfg.eval.tasks, cfg.eval.max_len = "letters", 4, 0
+    apply_overrides(cfg, overrides)
+    return cfg

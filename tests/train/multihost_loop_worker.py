@@ -17,8 +17,9 @@ import jax  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
 from tests.train import toy_envs  # noqa: E402
-from tests.train.test_loop import tiny_config  # noqa: E402
-from jaxscaffold.train.loop import EnvWorkload, train  # noqa: E402
+from tests.train.configs import tiny_config  # noqa: E402
+from jaxscaffold.train.trainer import train  # noqa: E402
+from jaxscaffold.train.workloads.env_rl import EnvWorkload  # noqa: E402
 
 toy_envs.register()
 

@@ -35,7 +35,7 @@ def test_config_is_consistent(path):
         schedule.make(c.feedback.schedule)
     assert c.rollout.representation in ("trajectory", "stepwise")
     assert c.model.preset == "tiny" or c.model.preset in model_config.PRESETS
-    from jaxscaffold.train.loop import env_names
+    from jaxscaffold.train.tasks import env_names
     for name in env_names(c.envs.train) + env_names(c.envs.eval):
         assert name in registry.ENVS, name
 

@@ -10,9 +10,10 @@ import pytest
 
 from jaxscaffold.feedback import bandit
 from jaxscaffold.train.checkpoint import Checkpointer
-from jaxscaffold.train.loop import EnvWorkload, train
+from jaxscaffold.train.trainer import train
+from jaxscaffold.train.workloads.env_rl import EnvWorkload
 from tests.train import toy_envs
-from tests.train.test_loop import tiny_config
+from tests.train.configs import tiny_config
 
 
 def coin_config(out_dir, **overrides):

@@ -25,7 +25,7 @@ def embedder():
 def alfworld_triples(alfworld_data):
     from jaxscaffold.envs import registry
     from jaxscaffold.envs.local import LocalEnvs
-    from jaxscaffold.train.rwml import explorer_trajectories
+    from jaxscaffold.train.workloads.world_model import explorer_trajectories
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ALFWORLD_DATA", str(alfworld_data.root))
         tasks = registry.catalogue("alfworld", "valid_seen")[::14][:6]

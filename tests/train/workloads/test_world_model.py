@@ -36,8 +36,8 @@ def alfworld_env(alfworld_data):
 @pytest.mark.slow
 def test_two_stages_end_to_end(tmp_path, alfworld_env):
     from jaxscaffold.models import hf_io
-    from jaxscaffold.train.loop import train
-    from jaxscaffold.train.rwml import DATA_FILE, train_world_model
+    from jaxscaffold.train.trainer import train
+    from jaxscaffold.train.workloads.world_model import DATA_FILE, train_world_model
 
     out = train_world_model(stage1_config(tmp_path / "wm"))
     hist = out["history"]
@@ -78,7 +78,7 @@ def test_two_stages_end_to_end(tmp_path, alfworld_env):
 
 @pytest.mark.slow
 def test_wm_sft_baseline_fits_the_next_states(tmp_path, alfworld_env):
-    from jaxscaffold.train.rwml import train_world_model
+    from jaxscaffold.train.workloads.world_model import train_world_model
     out = train_world_model(stage1_config(tmp_path / "sft", steps=8, **{
         "rwml.objective": "sft", "rl.lr": 1e-2, "rwml.export_dir": str(tmp_path / "sft_hf")}))
     metrics = [json.loads(line) for line in open(tmp_path / "sft" / "metrics.jsonl")]

@@ -5,14 +5,16 @@
   mostly dropped) -> GRPO on `<next_state>` answers rewarded by embedding distance (d < tau_d),
   KL to the initial policy -> evaluation: world-model accuracy on held-out triples -> HF export.
 
-Stage 2 is ordinary task RL (`jaxscaffold.train.loop.train`) from the exported checkpoint
+Stage 2 is ordinary task RL (`jaxscaffold.train.trainer.train`) from the exported checkpoint
 (`configs/rwml_policy.py`). `train_world_model(cfg)` runs stage 1; the WM-SFT baseline
-(`rwml.objective = "sft"`) fits the same triples with token-level cross-entropy instead.
+(`rwml.objective = "sft"`, `train_wm_sft`) fits the same triples with token-level
+cross-entropy instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 from typing import Any, Sequence
@@ -21,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxscaffold import config as config_lib
+from jaxscaffold import seeds
 from jaxscaffold.envs.base import Task
 from jaxscaffold.episodes.agents import ExplorerAgent, ModelAgent, RolloutConfig
 from jaxscaffold.episodes.driver import complete, run_episodes
@@ -31,10 +35,16 @@ from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_sf
 from jaxscaffold.rollout.conversation import Conversation
 from jaxscaffold.rollout.engine import Sampler
 from jaxscaffold.rollout.sampling import GREEDY, SamplingConfig
-from jaxscaffold.train import loop
 from jaxscaffold.train.batching import build_batch
+from jaxscaffold.train.checkpoint import Checkpointer
+from jaxscaffold.train.envs import make_envs
 from jaxscaffold.train.export import export_checkpoint
+from jaxscaffold.train.job import Job, build_job
 from jaxscaffold.train.logger import MetricLogger
+from jaxscaffold.train.metrics import rollout_metrics
+from jaxscaffold.train.multihost import allgather_json, process_share, sampler_params
+from jaxscaffold.train.tasks import TaskStream, env_names, load_tasks
+from jaxscaffold.train.trainer import train
 from jaxscaffold.worldmodel import difficulty, reward as reward_lib, task as task_lib, triples as triples_lib
 from jaxscaffold.worldmodel.embedders import make_embedder
 from jaxscaffold.worldmodel.triples import Triple
@@ -48,12 +58,13 @@ DATA_FILE = "triples.jsonl"  # the prepared data set; a resumed run reads it ins
 
 
 def _collect_tasks(cfg) -> list[Task]:
-    tasks = loop._tasks(cfg.envs.train, cfg.envs.train_split)
-    order = np.random.default_rng(cfg.seed).permutation(len(tasks))[: cfg.rwml.collect_tasks]
+    tasks = load_tasks(cfg.envs.train, cfg.envs.train_split)
+    order = np.random.default_rng(seeds.derive(cfg.seed, "collect_tasks")).permutation(len(tasks))
+    order = order[: cfg.rwml.collect_tasks]
     return [tasks[i] for i in order]
 
 
-def policy_trajectories(job: loop.Job, params, envs, tasks: Sequence[Task]) -> list[Episode]:
+def policy_trajectories(job: Job, params, envs, tasks: Sequence[Task]) -> list[Episode]:
     """N rollouts per task of the current policy (the paper's way; temperature from rwml)."""
     w = job.cfg.rwml
     rcfg = RolloutConfig(max_turns=w.collect_max_turns, max_new_tokens=job.cfg.rollout.max_new_tokens,
@@ -65,7 +76,8 @@ def policy_trajectories(job: loop.Job, params, envs, tasks: Sequence[Task]) -> l
     episodes = []
     for start in range(0, len(flat), sampler.batch_size):
         chunk = flat[start:start + sampler.batch_size]
-        agent = ModelAgent(params, sampler, job.tokenizer, rcfg, seed=job.cfg.seed + 31 * start, train_step=0)
+        agent = ModelAgent(params, sampler, job.tokenizer, rcfg, seed=seeds.derive(job.cfg.seed, "collect", start),
+                           train_step=0)
         episodes += run_episodes(agent, envs, chunk, max_turns=rcfg.max_turns)
     return episodes
 
@@ -109,7 +121,7 @@ def heldout_split(triples: Sequence[Triple], share: float, seed: int) -> tuple[l
             [t for t in triples if (t.env, t.task_id) in held])
 
 
-def prepare_data(job: loop.Job, params, reward_fn) -> WorldModelData:
+def prepare_data(job: Job, params, reward_fn) -> WorldModelData:
     """Collects, splits and filters the triples once; later calls (a resumed run) read them
     back from out_dir/triples.jsonl so the data set never changes under a run."""
     cfg, w = job.cfg, job.cfg.rwml
@@ -119,17 +131,15 @@ def prepare_data(job: loop.Job, params, reward_fn) -> WorldModelData:
         train = [t for t, c in zip(triples, cols) if c["split"] == "train" and c["kept"]]
         heldout = [t for t, c in zip(triples, cols) if c["split"] == "heldout"]
         return WorldModelData(train, heldout, {"triples/train": float(len(train))})
-    envs = loop.make_envs(cfg, set(loop.env_names(cfg.envs.train)))
+    envs = make_envs(cfg, set(env_names(cfg.envs.train)))
     try:
         tasks = _collect_tasks(cfg)
         if w.collect_policy == "model":
             episodes = policy_trajectories(job, params, envs, tasks)
-        elif w.collect_policy == "explore":
+        else:  # "explore"
             episodes = explorer_trajectories(envs, tasks, rollouts_per_task=w.rollouts_per_task,
                                              max_steps=w.collect_max_turns, gold_prob=w.explore_gold_prob,
-                                             seed=cfg.seed)
-        else:
-            raise ValueError(f"unknown rwml.collect_policy {w.collect_policy!r} (model, explore)")
+                                             seed=seeds.derive(cfg.seed, "explore"))
     finally:
         envs.close()
     failures = sum(e.failure is not None for e in episodes)
@@ -140,7 +150,7 @@ def prepare_data(job: loop.Job, params, reward_fn) -> WorldModelData:
     chat = Qwen3ChatRenderer(job.tokenizer)
     fitting = [t for t in unique if _fits(chat, t, cfg)]
     stats["triples/too_long"] = float(len(unique) - len(fitting))
-    train, heldout = heldout_split(fitting, w.heldout_share, cfg.seed)
+    train, heldout = heldout_split(fitting, w.heldout_share, seeds.derive(cfg.seed, "heldout"))
     if not train or not heldout:
         raise ValueError(f"too few triples to train and evaluate on ({len(train)} train, {len(heldout)} held out): "
                          "collect more (rwml.collect_tasks / rollouts_per_task / collect_max_turns)")
@@ -166,7 +176,7 @@ def prepare_data(job: loop.Job, params, reward_fn) -> WorldModelData:
 # ----------------------------------------------------------------------------- difficulty filter
 
 
-def sft_on(job: loop.Job, params, triples: Sequence[Triple], *, steps: int, batch_size: int, lr: float,
+def sft_on(job: Job, params, triples: Sequence[Triple], *, steps: int, batch_size: int, lr: float,
            seed: int, logger: MetricLogger | None = None, prefix: str = "sft"):
     """`steps` SFT steps on the real next states of `triples` (batches drawn with replacement
     after a shuffle); returns the new parameters (the input ones are left untouched)."""
@@ -196,7 +206,7 @@ def sft_on(job: loop.Job, params, triples: Sequence[Triple], *, steps: int, batc
     return state.params
 
 
-def sample_answers(job: loop.Job, params, triples: Sequence[Triple], *, samples: int, seed: int,
+def sample_answers(job: Job, params, triples: Sequence[Triple], *, samples: int, seed: int,
                    greedy: bool = False, first_row: int = 0) -> list[tuple[Conversation, str]]:
     """`samples` answers per triple (rows of one triple adjacent; row seeds keyed from
     `first_row`, so a process's share samples as those rows of the whole batch would)."""
@@ -208,7 +218,7 @@ def sample_answers(job: loop.Job, params, triples: Sequence[Triple], *, samples:
                     seed=seed, first_row=first_row)
 
 
-def difficulty_filter(job: loop.Job, params, triples: Sequence[Triple], reward_fn):
+def difficulty_filter(job: Job, params, triples: Sequence[Triple], reward_fn):
     """The paper's filter on the training triples: a predictor SFT'd on `sft_share` of them
     samples K answers for each of the rest; easy ones (mean reward >= tau_easy) stay with
     probability p_keep_easy. Returns (kept, easy, mean reward, predictor indices, stats); the
@@ -216,15 +226,19 @@ def difficulty_filter(job: loop.Job, params, triples: Sequence[Triple], reward_f
     f = job.cfg.rwml.filter
     fc = difficulty.FilterConfig(sft_share=f.sft_share, samples=f.samples, tau_d=f.tau_d, tau_easy=f.tau_easy,
                                  p_keep_easy=f.p_keep_easy)
-    pred_idx, rest_idx = difficulty.split_for_predictor(len(triples), fc.sft_share, job.cfg.seed)
+    run_seed = job.cfg.seed
+    pred_idx, rest_idx = difficulty.split_for_predictor(len(triples), fc.sft_share,
+                                                        seeds.derive(run_seed, "filter_split"))
     predictor = sft_on(job, params, [triples[i] for i in pred_idx], steps=f.sft_steps, batch_size=f.sft_batch,
-                       lr=f.sft_lr, seed=job.cfg.seed)
+                       lr=f.sft_lr, seed=seeds.derive(run_seed, "filter_sft"))
     rest = [triples[i] for i in rest_idx]
-    answers = sample_answers(job, predictor, rest, samples=fc.samples, seed=job.cfg.seed + 17)
+    answers = sample_answers(job, predictor, rest, samples=fc.samples,
+                             seed=seeds.derive(run_seed, "filter_samples"))
     targets = [t.next_state for t in rest for _ in range(fc.samples)]
     rewards = reward_fn([a for _, a in answers], targets, fc.tau_d)[0].reshape(len(rest), fc.samples)
     mean = rewards.mean(axis=1)
-    keep_rest, easy_rest = difficulty.keep_mask(mean, fc.tau_easy, fc.p_keep_easy, job.cfg.seed)
+    keep_rest, easy_rest = difficulty.keep_mask(mean, fc.tau_easy, fc.p_keep_easy,
+                                                seeds.derive(run_seed, "filter_keep"))
     kept, easy, mean_r = [False] * len(triples), [False] * len(triples), [float("nan")] * len(triples)
     for j, i in enumerate(rest_idx):
         kept[i], easy[i], mean_r[i] = bool(keep_rest[j]), bool(easy_rest[j]), float(mean[j])
@@ -241,23 +255,23 @@ def difficulty_filter(job: loop.Job, params, triples: Sequence[Triple], reward_f
 # ----------------------------------------------------------------------------- rewards
 
 
-def make_reward(job: loop.Job):
-    """`reward_fn(answers, targets, tau_d) -> (rewards, distances)` from the config."""
+def make_reward(job: Job):
+    """`reward_fn(answers, targets, tau_d) -> (rewards, distances, counts)` from the config;
+    `counts` are the embedding reward's chunking counts (`reward.CHUNK_COUNTS`; a judge has none)."""
     w = job.cfg.rwml
     if w.reward == "embedding":
         embedder = make_embedder(w.embedder, w.embedder_path, mesh=job.mesh, batch_size=w.embedder_batch)
-        return lambda answers, targets, tau_d: reward_lib.embedding_rewards(embedder, answers, targets, tau_d)
-    if w.reward in ("judge_binary", "judge_continuous"):
-        judge = reward_lib.JudgeReward(_judge_chat(job), mode=w.reward.removeprefix("judge_"))
+        return lambda answers, targets, tau_d: reward_lib.embedding_rewards_with_counts(
+            embedder, answers, targets, tau_d)
+    judge = reward_lib.JudgeReward(_judge_chat(job), mode=w.reward.removeprefix("judge_"))
 
-        def judged(answers, targets, tau_d):
-            r = judge(answers, targets)
-            return r, 1.0 - r  # a judge has no distance; 1 - score keeps the metrics comparable
-        return judged
-    raise ValueError(f"unknown rwml.reward {w.reward!r} (embedding, judge_binary, judge_continuous)")
+    def judged(answers, targets, tau_d):
+        r = judge(answers, targets)
+        return r, 1.0 - r, {}  # a judge has no distance; 1 - score keeps the metrics comparable
+    return judged
 
 
-def _judge_chat(job: loop.Job):
+def _judge_chat(job: Job):
     """A chat callable on a local judge model (rwml.judge_path: an HF dir), greedy."""
     from jaxscaffold.models import hf_io
     from jaxscaffold.models.tokenizer import load_tokenizer
@@ -283,52 +297,55 @@ def _task_of(t: Triple) -> Task:
 
 
 class WorldModelWorkload:
-    """What `loop.train` runs in stage 1: each step, `tasks_per_step` triples x `group_size`
+    """What `trainer.train` runs in stage 1: each step, `tasks_per_step` triples x `group_size`
     sampled answers, rewarded by the embedding distance (tau_d = rwml.tau_d); evaluation:
     greedy answers on the held-out triples."""
 
-    def __init__(self, job: loop.Job, params):
+    def __init__(self, job: Job, params):
         self.reward_fn = make_reward(job)
         self.data = prepare_data(job, params, self.reward_fn)
-        self.stream = loop.TaskStream(self.data.train, seed=job.cfg.seed)
+        self.stream = TaskStream(self.data.train, seed=seeds.derive(job.cfg.seed, "tasks"))
         self.chat = Qwen3ChatRenderer(job.tokenizer)
         self.reported = False
 
-    def collect(self, job: loop.Job, params, step: int) -> tuple[list[Episode], dict]:
+    def collect(self, job: Job, params, step: int) -> tuple[list[Episode], dict]:
         """This process's share of the step's triples (all of them on one process), each with
         `group_size` sampled answers; metrics over every process's."""
         c, w = job.cfg.rollout, job.cfg.rwml
         everyone = self.stream.take(c.tasks_per_step)  # every process takes them: streams stay equal
-        share = list(loop.process_share(c.tasks_per_step))
+        share = list(process_share(c.tasks_per_step))
         triples = [everyone[g] for g in share]
-        answers = sample_answers(job, loop._sampler_params(params), triples, samples=c.group_size,
-                                 seed=job.cfg.seed + 7919 * step, first_row=(share[0] if share else 0) * c.group_size)
+        answers = sample_answers(job, sampler_params(params), triples, samples=c.group_size,
+                                 seed=seeds.derive(job.cfg.seed, "rollout", step),
+                                 first_row=(share[0] if share else 0) * c.group_size)
         targets = [t.next_state for t in triples for _ in range(c.group_size)]
-        rewards, distances = self.reward_fn([a for _, a in answers], targets, w.tau_d)
+        rewards, distances, counts = self.reward_fn([a for _, a in answers], targets, w.tau_d)
         episodes = []
         for i, ((conv, _), r) in enumerate(zip(answers, rewards)):
             g = share[i // c.group_size]
             episodes.append(Episode(_task_of(everyone[g]), g, conv, reward=float(r), won=bool(r > 0),
                                     steps=1, done=True))
-        distances = np.asarray([d for part in loop.allgather_json([float(x) for x in distances]) for d in part])
-        stats = {**loop.rollout_metrics(episodes, "rollout", across_processes=True),
-                 **_distance_metrics(distances, w.tau_d, "rollout")}
+        distances = np.asarray([d for part in allgather_json([float(x) for x in distances]) for d in part])
+        stats = {**rollout_metrics(episodes, "rollout", across_processes=True),
+                 **_distance_metrics(distances, w.tau_d, "rollout"), **_chunk_metrics(counts, "rollout")}
         if not self.reported:  # the data set's figures, once, in the first step's metrics
             stats.update(self.data.stats)
             self.reported = True
         return episodes, stats
 
-    def evaluate(self, job: loop.Job, params, step: int) -> dict[str, float]:
+    def evaluate(self, job: Job, params, step: int) -> dict[str, float]:
         """Greedy answers on the held-out triples (each process its share), metrics over all."""
         w = job.cfg.rwml
         everyone = self.data.heldout[: job.cfg.eval.tasks]
-        heldout = [everyone[i] for i in loop.process_share(len(everyone))]
-        answers = sample_answers(job, loop._sampler_params(params), heldout, samples=1, seed=job.cfg.seed + 1000,
-                                 greedy=True)
-        rewards, distances = self.reward_fn([a for _, a in answers], [t.next_state for t in heldout], w.tau_d)
-        parts = loop.allgather_json([[float(r), float(d)] for r, d in zip(rewards, distances)])
+        heldout = [everyone[i] for i in process_share(len(everyone))]
+        answers = sample_answers(job, sampler_params(params), heldout, samples=1,
+                                 seed=seeds.derive(job.cfg.seed, "eval"), greedy=True)
+        rewards, distances, counts = self.reward_fn([a for _, a in answers], [t.next_state for t in heldout],
+                                                    w.tau_d)
+        parts = allgather_json([[float(r), float(d)] for r, d in zip(rewards, distances)])
         rewards, distances = np.asarray([x for part in parts for x in part]).reshape(-1, 2).T
-        return {"eval/success": float(rewards.mean()), **_distance_metrics(distances, w.tau_d, "eval")}
+        return {"eval/success": float(rewards.mean()), **_distance_metrics(distances, w.tau_d, "eval"),
+                **_chunk_metrics(counts, "eval")}
 
     def get_state(self) -> dict:
         return {"data": self.stream.get_state()}
@@ -338,6 +355,18 @@ class WorldModelWorkload:
 
     def close(self) -> None:
         pass
+
+
+def _chunk_metrics(counts: dict[str, int], prefix: str) -> dict[str, float]:
+    """The embedding reward's chunking counts over every process (a collective): texts read in
+    several chunks, the most chunks of one text, texts cut anyway (never expected), and pairs
+    whose chunk counts differ (scored wrong)."""
+    parts = allgather_json(counts)
+    out = {}
+    for k in reward_lib.CHUNK_COUNTS:
+        values = [p.get(k, 0) for p in parts]
+        out[f"{prefix}/reward_{k}"] = float(max(values) if k == "max_chunks" else sum(values))
+    return out
 
 
 def _distance_metrics(distances: np.ndarray, tau_d: float, prefix: str) -> dict[str, float]:
@@ -353,12 +382,10 @@ def _distance_metrics(distances: np.ndarray, tau_d: float, prefix: str) -> dict[
 def train_world_model(cfg) -> dict[str, Any]:
     """Stage 1 of RWML (or the WM-SFT baseline), then an HF export to `rwml.export_dir`
     (default out_dir/hf) for stage 2."""
-    if cfg.rwml.objective == "rl":
-        out = loop.train(cfg, workload=WorldModelWorkload)
-    elif cfg.rwml.objective == "sft":
-        out = _wm_sft(cfg)
-    else:
-        raise ValueError(f"unknown rwml.objective {cfg.rwml.objective!r} (rl, sft)")
+    cfg = config_lib.typed(cfg)
+    if cfg.rwml is None:
+        raise config_lib.ConfigError("RWML needs the rwml section (start from configs/rwml.py's get_config())")
+    out = train(cfg, workload=WorldModelWorkload) if cfg.rwml.objective == "rl" else train_wm_sft(cfg)
     export_dir = cfg.rwml.export_dir or os.path.join(cfg.out_dir, "hf")
     if export_dir and jax.process_index() == 0:
         out["export"] = export_checkpoint(cfg.out_dir, export_dir)
@@ -366,24 +393,24 @@ def train_world_model(cfg) -> dict[str, Any]:
     return out
 
 
-def _wm_sft(cfg) -> dict[str, Any]:
-    """WM-SFT: token-level cross-entropy on every training triple's next state, epochs over
-    the data set, then the held-out accuracy; saved as a checkpoint like an RL run."""
-    from jaxscaffold.train.checkpoint import Checkpointer
-    import json
-    job, state = loop._job(cfg)
+def train_wm_sft(cfg) -> dict[str, Any]:
+    """WM-SFT (the baseline objective, not a workload: no rollouts, no RL step): token-level
+    cross-entropy on the training triples' next states (`steps` batches of `tasks_per_step`),
+    then the held-out accuracy; saved as a checkpoint like an RL run."""
+    cfg = config_lib.typed(cfg)
+    job, state = build_job(cfg)
     work = WorldModelWorkload(job, state.params)
     steps = cfg.steps
     logger = MetricLogger(cfg.out_dir, total_steps=steps)
     params = sft_on(job, state.params, work.data.train, steps=steps, batch_size=cfg.rollout.tasks_per_step,
-                    lr=cfg.rl.lr, seed=cfg.seed, logger=logger, prefix="train")
+                    lr=cfg.rl.lr, seed=seeds.derive(cfg.seed, "sft"), logger=logger, prefix="train")
     metrics = {"step": steps, **work.data.stats, **work.evaluate(job, params, steps)}
     logger.log(steps, metrics)
     state = dataclasses.replace(state, params=params)
     ckpt = Checkpointer(os.path.join(cfg.out_dir, "checkpoints"), keep=cfg.checkpoint.keep)
     try:
         ckpt.save(steps, state, {"step": steps, "workload": work.get_state(), "history": [metrics],
-                                 "config": json.loads(cfg.to_json())})
+                                 "config": cfg.to_dict()})
         ckpt.wait()
     finally:
         ckpt.close()

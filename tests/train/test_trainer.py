@@ -1,5 +1,5 @@
-"""The main job end to end on CPU: the embedded default runs (resuming identically is tested with
-the learned feedback schedule, in test_feedback_log.py)."""
+"""The main job end to end on CPU (`train.trainer.train`): the embedded default runs (resuming
+identically is tested with the learned feedback schedule, in test_feedback_log.py)."""
 
 import json
 import os
@@ -8,26 +8,11 @@ import jax
 import numpy as np
 import pytest
 
-from jaxscaffold.train.loop import EnvWorkload, train
-from tests.train.configs import apply_overrides, load_config
+from jaxscaffold.train.trainer import train
+from jaxscaffold.train.workloads.env_rl import EnvWorkload
+from tests.train.configs import tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def tiny_config(out_dir, *, real_eval: bool = False, **overrides):
-    """configs/tiny.py made smaller for tests: in-process envs, one of the 8 test devices (8
-    data-parallel replicas of the parameters and their update would only repeat the work on the
-    machine's cores; the smoke test and the multi-host ones train on several), and (unless
-    `real_eval`) letters instead of the ScienceWorld / BFCL evaluation."""
-    cfg = load_config("tiny")
-    cfg.out_dir = str(out_dir)
-    cfg.rollout.tasks_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens = 2, 4, 8
-    cfg.envs.num_workers = 0
-    cfg.mesh.devices = 1
-    if not real_eval:
-        cfg.envs.eval, cfg.eval.tasks, cfg.eval.max_len = "letters", 4, 0
-    apply_overrides(cfg, overrides)
-    return cfg
 
 
 def test_embedded_default_smoke(tmp_path):
@@ -160,17 +145,17 @@ def test_stepwise_representation_trains_one_row_per_turn(tmp_path, monkeypatch):
 
 
 def test_mesh_devices_out_of_range_is_a_clear_error(tmp_path):
-    from jaxscaffold.train import loop
+    from jaxscaffold.train.job import mesh_devices
     for n in (-1, 9):
         with pytest.raises(ValueError, match="mesh.devices"):
-            loop.mesh_devices(tiny_config(tmp_path, **{"mesh.devices": n}))
-    assert loop.mesh_devices(tiny_config(tmp_path, **{"mesh.devices": 8})) is None  # all of them
+            mesh_devices(tiny_config(tmp_path, **{"mesh.devices": n}))
+    assert mesh_devices(tiny_config(tmp_path, **{"mesh.devices": 8})) is None  # all of them
 
 
 def test_env_kwargs_reach_the_envs_and_bad_json_is_a_clear_error(tmp_path):
-    from jaxscaffold.train import loop
+    from jaxscaffold.train.envs import env_kwargs, make_envs
     cfg = tiny_config(tmp_path, **{"envs.env_kwargs": '{"letters": {"win_share": 0.75}}'})
-    envs = loop.make_envs(cfg, {"letters"})
+    envs = make_envs(cfg, {"letters"})
     from jaxscaffold.envs import registry
     task = registry.catalogue("letters", "train")[0]
     envs.reset([task])
@@ -178,13 +163,13 @@ def test_env_kwargs_reach_the_envs_and_bad_json_is_a_clear_error(tmp_path):
     envs.close()
     for bad in ("{not json", '["letters"]', '{"letters": 3}'):
         with pytest.raises(ValueError, match="env_kwargs"):
-            loop.env_kwargs(tiny_config(tmp_path, **{"envs.env_kwargs": bad}))
+            env_kwargs(tiny_config(tmp_path, **{"envs.env_kwargs": bad}))
 
 
 def test_dapo_overlong_penalty_counts_the_longest_turn():
     from jaxscaffold.rl.presets import preset
     from jaxscaffold.rollout.conversation import Conversation
-    from jaxscaffold.train.loop import shaped_rewards, turn_lengths
+    from jaxscaffold.train.update import shaped_rewards, turn_lengths
     from jaxscaffold.episodes.episode import Episode
 
     def episode(turns, reward):

@@ -1,0 +1,77 @@
+"""What a run on several processes (multi-host) needs beyond one process.
+
+Each process runs its share of the step's groups with a process-local copy of the parameters;
+the task stream, the feedback decisions and the bandit are functions of the run seed and the
+step, so they agree everywhere; what needs the global view (metrics, the feedback log, the
+bandit's signal) is gathered from every process. On one process every function here is the
+identity or close to it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+
+from jaxscaffold.buckets import pow2_bucket
+from jaxscaffold.train.batching import build_batch
+
+
+def process_share(n: int) -> range:
+    """This process's contiguous block of `n` items (groups, eval tasks): process p of P takes
+    [p n / P, (p + 1) n / P), so on one process everything, and on P the blocks in process
+    order are the one-process order (the global batch keeps the one-process row order)."""
+    p, count = jax.process_index(), jax.process_count()
+    return range(p * n // count, (p + 1) * n // count)
+
+
+def allgather_json(obj) -> list:
+    """Every process's JSON-serialisable `obj`, in process order, on every process (a
+    collective: every process must call it, in the same order)."""
+    if jax.process_count() == 1:
+        return [obj]
+    data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.asarray([data.size], np.int32))).reshape(-1)
+    buf = np.zeros(int(sizes.max()), np.uint8)
+    buf[:data.size] = data
+    rows = np.asarray(multihost_utils.process_allgather(buf))
+    return [json.loads(rows[p, :sizes[p]].tobytes()) for p in range(len(sizes))]
+
+
+def sampler_params(params):
+    """The parameters rollouts sample with. Replicated parameters: one device's replica, so the
+    sampler runs on one device instead of repeating the same work (and memory) on every
+    device of the mesh. Sharded ones: as they are on one process (the sampler runs SPMD over
+    the mesh); on several processes gathered onto this process's devices (a collective), as a
+    jitted call on arrays spanning processes would need every process at once, and rollouts
+    run on each process separately."""
+    leaves, treedef = jax.tree.flatten(params)
+    sharded = [i for i, x in enumerate(leaves) if not x.is_fully_replicated]
+    if sharded and jax.process_count() == 1:
+        return params
+    gathered = multihost_utils.process_allgather([leaves[i] for i in sharded], tiled=True) if sharded else []
+    out = [None if i in sharded else x.addressable_data(0) for i, x in enumerate(leaves)]
+    for i, g in zip(sharded, gathered):
+        out[i] = jnp.asarray(g)
+    return jax.tree.unflatten(treedef, out)
+
+
+def process_batch(conversations, adv, row_multiple: int) -> dict[str, np.ndarray]:
+    """This process's rows of the global batch (on one process, the whole batch).
+
+    Every process must feed arrays of one shape to `shard_batch`, so on several processes the
+    rows are padded (with empty rows, which weigh nothing) to the most any process has and
+    every row to the longest sequence of any process."""
+    count = jax.process_count()
+    if count == 1:
+        return build_batch(conversations, adv, row_multiple=row_multiple)
+    local_multiple = row_multiple // count if row_multiple % count == 0 else row_multiple
+    sizes = allgather_json([len(conversations), max((len(c) for c in conversations), default=1)])
+    rows = max(1, max(n for n, _ in sizes))
+    rows += (-rows) % local_multiple
+    min_len = pow2_bucket(max(t for _, t in sizes), 64)
+    batch = build_batch(conversations, adv, row_multiple=local_multiple, min_len=min_len)
+    return {k: np.pad(v, [(0, rows - v.shape[0])] + [(0, 0)] * (v.ndim - 1)) for k, v in batch.items()}

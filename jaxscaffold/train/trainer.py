@@ -1,0 +1,89 @@
+"""The training loop: the one place that runs a job step by step.
+
+  workload.collect (rollouts, rewards, metrics) -> train_on (advantages, optimizer steps)
+  -> every eval.every steps: workload.evaluate -> logs -> every checkpoint.every steps: a checkpoint
+
+`train(cfg)` runs (or resumes) a whole job from a config (see `configs/`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import jax
+
+from jaxscaffold import config as config_lib
+from jaxscaffold.train.checkpoint import Checkpointer
+from jaxscaffold.train.job import build_job
+from jaxscaffold.train.logger import MetricLogger
+from jaxscaffold.train.multihost import allgather_json
+from jaxscaffold.train.update import train_on
+from jaxscaffold.train.workloads.base import WorkloadFactory
+from jaxscaffold.train.workloads.env_rl import EnvWorkload
+
+log = logging.getLogger(__name__)
+
+
+def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
+    """Runs (or resumes) the job described by `cfg`; returns the final metrics and history.
+
+    Multi-host: every process runs `train(cfg)` (JAX's multi-controller runtime starts from the
+    environment, see `maybe_initialize_distributed`); each runs its share of the rollouts and
+    feeds its rows of the global batch; process 0 writes the logs.
+
+    `workload(job, initial_params)` builds what a step collects and how the model is evaluated
+    (default: task RL on environments), a `workloads.base.Workload`.
+    """
+    cfg = config_lib.typed(cfg)
+    job, state = build_job(cfg)
+    work = workload(job, state.params)
+    out = cfg.out_dir
+    os.makedirs(out, exist_ok=True)
+    ckpt = Checkpointer(os.path.join(out, "checkpoints"), keep=cfg.checkpoint.keep)
+    history: list[dict] = []
+    start = 0
+    if ckpt.latest_step() is not None:
+        state, extra = ckpt.restore(state)
+        missing = sorted({"step", "workload", "history"} - set(extra))
+        if missing:
+            raise ValueError(
+                f"the checkpoint in {ckpt.directory} lacks {missing}: it was written by an older, "
+                f"incompatible version; resume is impossible, so use a new out_dir (or delete {out})")
+        start = extra["step"]
+        work.set_state(extra["workload"])
+        history = extra["history"]
+        log.info("resumed from step %d", start)
+    # One process writes the logs (every process holds the same, gathered, metrics).
+    logger = MetricLogger(out, total_steps=cfg.steps, start=start, write=jax.process_index() == 0)
+    peak = max((h.get("eval/success", -1.0) for h in history), default=-1.0)
+    try:
+        for step in range(start + 1, cfg.steps + 1):
+            t0 = time.perf_counter()
+            episodes, stats = work.collect(job, state.params, step)
+            t1 = time.perf_counter()
+            state, train_metrics = train_on(job, state, episodes)
+            t2 = time.perf_counter()
+            tokens = sum(allgather_json(sum(len(e.conversation) for e in episodes)))
+            metrics = {"step": step, **stats, **train_metrics,
+                       "time/rollout_s": t1 - t0, "time/train_s": t2 - t1,
+                       "time/tokens_per_s": tokens / max(t2 - t0, 1e-9)}
+            if cfg.eval.every and step % cfg.eval.every == 0:
+                metrics.update(work.evaluate(job, state.params, step))
+                metrics["time/eval_s"] = time.perf_counter() - t2
+                peak = max(peak, metrics.get("eval/success", -1.0))
+                metrics["eval/success_peak"] = peak
+            history.append(metrics)
+            logger.log(step, metrics)
+            if step % cfg.checkpoint.every == 0 or step == cfg.steps:
+                ckpt.save(step, state, {"step": step, "workload": work.get_state(), "history": history,
+                                        "config": cfg.to_dict()})
+        ckpt.wait()
+    finally:
+        ckpt.close()
+        work.close()
+        logger.close(history)
+    return {"history": history, "state": state}
