@@ -153,8 +153,9 @@ def test_mesh_devices_out_of_range_is_a_clear_error(tmp_path):
 
 
 def test_env_kwargs_reach_the_envs_and_bad_json_is_a_clear_error(tmp_path):
-    from jaxscaffold.train.envs import env_kwargs, make_envs
-    cfg = tiny_config(tmp_path, **{"envs.env_kwargs": '{"letters": {"win_share": 0.75}}'})
+    from jaxscaffold.config import typed
+    from jaxscaffold.train.envs import make_envs
+    cfg = typed(tiny_config(tmp_path, **{"envs.env_kwargs": '{"letters": {"win_share": 0.75}}'}))
     envs = make_envs(cfg, {"letters"})
     from jaxscaffold.envs import registry
     task = registry.catalogue("letters", "train")[0]
@@ -163,7 +164,7 @@ def test_env_kwargs_reach_the_envs_and_bad_json_is_a_clear_error(tmp_path):
     envs.close()
     for bad in ("{not json", '["letters"]', '{"letters": 3}'):
         with pytest.raises(ValueError, match="env_kwargs"):
-            env_kwargs(tiny_config(tmp_path, **{"envs.env_kwargs": bad}))
+            typed(tiny_config(tmp_path, **{"envs.env_kwargs": bad}))
 
 
 def test_dapo_overlong_penalty_counts_the_longest_turn():
