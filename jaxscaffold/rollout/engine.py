@@ -8,11 +8,13 @@ others are mid-episode, and a slot waiting for its environment simply sits out a
 
 Compiled programs are bounded by bucketing: prefill lengths round up to `prefill_buckets`,
 decode lengths to `decode_buckets`, and (a windowed backend: the CPU's) the cache prefix a
-call attends over to `window_buckets` (128 x 1, 1.5, 2, 3, 4, 6, ...; a prefill, the powers of two among
-them), so a step reads about the filled part of the cache, not its capacity: a decode runs
-in chunks, each in the smallest window that holds the longest row, until the rows stop. Batch
-and cache sizes are fixed per engine. Each chunk runs inside one jitted `lax.while_loop` with
-the cache donated.
+call attends over to `window_buckets` (128 x 1, 1.5, 2, 3, 4, 6, ...; a prefill, the powers
+of two among them; all from `jaxscaffold.buckets`), so a step reads about the filled part of
+the cache, not its capacity: a decode runs in chunks, each in the smallest window that holds
+the longest row, until the rows stop. Batch and cache sizes are fixed per engine. Each chunk
+runs inside one jitted `lax.while_loop` with the cache donated. How a step runs (the weight
+layout, the cache, the kernels) is the sampler's backend's (`jaxscaffold.backends`), chosen
+once, at construction, from the platform or `layout`.
 
 Sampling keys are per row and per position: the token at absolute position p of a row with
 seed s is drawn with `fold_in(key(s), p)`, so a row is reproducible from its seed whatever
