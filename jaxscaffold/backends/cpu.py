@@ -223,6 +223,46 @@ def kv_values(buf):
     return lax.bitcast_convert_type(buf, jnp.bfloat16) if buf.dtype == jnp.uint16 else buf
 
 
+def cache_mask(cache_segment_BS, lengths_B, t: int):
+    """mask_BTS of t new tokens (written at slots lengths[b] + i) over a cache buffer that
+    already holds them: every filled slot up to the query's own."""
+    query_slot_BT = lengths_B[:, None] + jnp.arange(t, dtype=lengths_B.dtype)[None]
+    slot_S = jnp.arange(cache_segment_BS.shape[1], dtype=lengths_B.dtype)
+    return (cache_segment_BS != 0)[:, None, :] & (slot_S[None, None, :] <= query_slot_BT[:, :, None])
+
+
+@functools.partial(jax.named_call, name="cache_attention")
+def cache_attention(q_BTHK, k_BGSK, v_BGSK, mask_BTS):
+    """GQA attention of new tokens over a cache buffer [B, G, S, K] that already holds them
+    (read as it lies: batch axes leading, no transposed copy); scores and softmax in f32."""
+    acc = qwen3.acc_dtype(q_BTHK.dtype)
+    q = attention.grouped_queries(q_BTHK, k_BGSK.shape[1])
+    if q.shape[2] == 1:  # one new token (a decode step): see _one_query_attention
+        return _one_query_attention(q[:, :, 0], k_BGSK, v_BGSK, mask_BTS[:, 0]).reshape(q_BTHK.shape)
+    scores = jnp.einsum("bgtrd,bgsd->bgtrs", q, k_BGSK, preferred_element_type=acc)
+    scores = jnp.where(mask_BTS[:, None, :, None, :], scores, attention.MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BGSK.dtype)
+    out = jnp.einsum("bgtrs,bgsd->bgtrd", probs, v_BGSK, preferred_element_type=acc)
+    return out.transpose(0, 2, 1, 3, 4).reshape(q_BTHK.shape).astype(q_BTHK.dtype)
+
+
+def _one_query_attention(q_BGRK, k_BGSK, v_BGSK, mask_BS):
+    """cache_attention of a single query position, as one batched matrix-vector product per
+    query head of a group instead of one batched matrix product: XLA:CPU emits matrix-vector
+    products inline, while each small batched matrix product is a library call per batch
+    element (measured, ~100M model at batch 8, window 256: decode step 42 -> 36 ms).
+    Returns out_BGRK in q's dtype."""
+    acc = qwen3.acc_dtype(q_BGRK.dtype)
+    heads = range(q_BGRK.shape[2])
+    scores_BGRS = jnp.stack([jnp.einsum("bgsd,bgd->bgs", k_BGSK, q_BGRK[:, :, r], preferred_element_type=acc)
+                             for r in heads], axis=2)
+    scores_BGRS = jnp.where(mask_BS[:, None, None, :], scores_BGRS, attention.MASKED)
+    probs_BGRS = jax.nn.softmax(scores_BGRS, axis=-1).astype(v_BGSK.dtype)
+    out_BGRK = jnp.stack([jnp.einsum("bgs,bgsd->bgd", probs_BGRS[:, :, r], v_BGSK, preferred_element_type=acc)
+                          for r in heads], axis=2)
+    return out_BGRK.astype(q_BGRK.dtype)
+
+
 def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=None, segment_ids_BT=None,
                   cache: qwen3.KVCache | None = None, window: int | None = None):
     """`qwen3.hidden_states` over decode-layout weights and a per-layer cache (`empty_cache`),
@@ -251,12 +291,12 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
         # Write first, then attend over the buffer as it now is: the buffer flows from input
         # to output through one in-place scatter, so XLA need not copy it.
         w = segments.shape[1] if window is None else min(window, segments.shape[1])
-        mask = attention.cache_mask(segments[:, :w], cache.lengths, t)
+        mask = cache_mask(segments[:, :w], cache.lengths, t)
 
         def attend(q, k, v, cache_kv):
             ck, cv = (_scatter_kv(buf, new, slots) for buf, new in zip(cache_kv, (k, v)))
             seen = [kv_values(lax.slice_in_dim(x, 0, w, axis=2)).astype(dt) for x in (ck, cv)]
-            return attention.cache_attention(q, *seen, mask), (ck, cv)
+            return cache_attention(q, *seen, mask), (ck, cv)
 
     cos, sin = qwen3.rope_tables(positions_BT, c.head_dim, c.rope_theta)
     x = embed_rows(params["embed"], tokens_BT).astype(dt)
