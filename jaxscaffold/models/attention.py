@@ -8,7 +8,8 @@
   lengths padded to the kernel's block size).
 
 With a KV cache (sampling), `cached_attention` is used on every backend: decode is bound by
-reading weights and cache, and it reads the cache exactly once without copying it.
+reading weights and cache, and it reads the cache exactly once without copying it. (The CPU
+backend's per-layer cache has its own, `backends.cpu.cache_attention`.)
 
 Masks are built from two per-token arrays, so one convention covers right padding, left
 padding, packing and KV caches:
@@ -24,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_MASKED = -0.7 * float(np.finfo(np.float32).max)  # finite: fully masked rows stay NaN-free
+MASKED = -0.7 * float(np.finfo(np.float32).max)  # finite: fully masked rows stay NaN-free
 
 
 def _acc(dtype):
@@ -45,7 +46,7 @@ def xla_attention(q_BTHK, k_BSGK, v_BSGK, mask_BTS):
     q = q_BTHK.reshape(b, t, g, h // g, d)
     scores = jnp.einsum("btgrd,bsgd->bgrts", q, k_BSGK, preferred_element_type=_acc(q.dtype))
     scores = scores * (d ** -0.5)
-    scores = jnp.where(mask_BTS[:, None, None], scores, _MASKED)
+    scores = jnp.where(mask_BTS[:, None, None], scores, MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_BSGK.dtype)
     out = jnp.einsum("bgrts,bsgd->btgrd", probs, v_BSGK, preferred_element_type=_acc(q.dtype))
     return out.reshape(b, t, h, d).astype(q_BTHK.dtype)
@@ -144,7 +145,7 @@ def attend(impl: str, q_BTHK, k_BSGK, v_BSGK, *, q_segment_BT, kv_segment_BS, q_
     raise ValueError(f"unknown attention implementation {impl!r} (xla, cudnn, splash, auto)")
 
 
-def _grouped_queries(q_BTHK, g: int):
+def grouped_queries(q_BTHK, g: int):
     """Scaled queries as [B, G, T, R, K] (R = heads per kv head): batch axes leading, like
     the cache [B, G, S, K], so the score einsums read both as they lie."""
     b, t, h, d = q_BTHK.shape
@@ -159,14 +160,14 @@ def cached_attention(q_BTHK, cache_k_BGSK, cache_v_BGSK, k_BTGK, v_BTGK, *, cach
     cache is read as it lies ([B, G, S, K]: batch axes leading, so no transposed copy)."""
     b, t = q_BTHK.shape[:2]
     acc = _acc(q_BTHK.dtype)
-    q = _grouped_queries(q_BTHK, cache_k_BGSK.shape[1])
+    q = grouped_queries(q_BTHK, cache_k_BGSK.shape[1])
     s_old = jnp.einsum("bgtrd,bgsd->bgtrs", q, cache_k_BGSK, preferred_element_type=acc)
     s_new = jnp.einsum("bgtrd,bsgd->bgtrs", q, k_BTGK, preferred_element_type=acc)
     old_ok = (cache_segment_BS != 0)[:, None, None, None, :]  # [B, 1, 1, 1, S]
     idx = jnp.arange(t)
     new_ok = attention_mask(segment_BT, segment_BT, jnp.broadcast_to(idx, (b, t)), idx)  # [B, T, T]
-    s_old = jnp.where(old_ok, s_old, _MASKED)
-    s_new = jnp.where(new_ok[:, None, :, None, :], s_new, _MASKED)
+    s_old = jnp.where(old_ok, s_old, MASKED)
+    s_new = jnp.where(new_ok[:, None, :, None, :], s_new, MASKED)
     m = jnp.maximum(jnp.max(s_old, -1, keepdims=True), jnp.max(s_new, -1, keepdims=True))
     p_old, p_new = jnp.exp(s_old - m), jnp.exp(s_new - m)
     norm = jnp.sum(p_old, -1, keepdims=True) + jnp.sum(p_new, -1, keepdims=True)
@@ -174,43 +175,3 @@ def cached_attention(q_BTHK, cache_k_BGSK, cache_v_BGSK, k_BTGK, v_BTGK, *, cach
     out = (jnp.einsum("bgtrs,bgsd->bgtrd", (p_old / norm).astype(dt), cache_v_BGSK, preferred_element_type=acc)
            + jnp.einsum("bgtrs,bsgd->bgtrd", (p_new / norm).astype(dt), v_BTGK, preferred_element_type=acc))
     return out.transpose(0, 2, 1, 3, 4).reshape(q_BTHK.shape).astype(q_BTHK.dtype)
-
-
-def cache_mask(cache_segment_BS, lengths_B, t: int):
-    """mask_BTS of t new tokens (written at slots lengths[b] + i) over a cache buffer that
-    already holds them: every filled slot up to the query's own."""
-    query_slot_BT = lengths_B[:, None] + jnp.arange(t, dtype=lengths_B.dtype)[None]
-    slot_S = jnp.arange(cache_segment_BS.shape[1], dtype=lengths_B.dtype)
-    return (cache_segment_BS != 0)[:, None, :] & (slot_S[None, None, :] <= query_slot_BT[:, :, None])
-
-
-@functools.partial(jax.named_call, name="cache_attention")
-def cache_attention(q_BTHK, k_BGSK, v_BGSK, mask_BTS):
-    """GQA attention of new tokens over a cache buffer [B, G, S, K] that already holds them
-    (read as it lies: batch axes leading, no transposed copy); scores and softmax in f32."""
-    acc = _acc(q_BTHK.dtype)
-    q = _grouped_queries(q_BTHK, k_BGSK.shape[1])
-    if q.shape[2] == 1:  # one new token (a decode step): see _one_query_attention
-        return _one_query_attention(q[:, :, 0], k_BGSK, v_BGSK, mask_BTS[:, 0]).reshape(q_BTHK.shape)
-    scores = jnp.einsum("bgtrd,bgsd->bgtrs", q, k_BGSK, preferred_element_type=acc)
-    scores = jnp.where(mask_BTS[:, None, :, None, :], scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_BGSK.dtype)
-    out = jnp.einsum("bgtrs,bgsd->bgtrd", probs, v_BGSK, preferred_element_type=acc)
-    return out.transpose(0, 2, 1, 3, 4).reshape(q_BTHK.shape).astype(q_BTHK.dtype)
-
-
-def _one_query_attention(q_BGRK, k_BGSK, v_BGSK, mask_BS):
-    """cache_attention of a single query position, as one batched matrix-vector product per
-    query head of a group instead of one batched matrix product: XLA:CPU emits matrix-vector
-    products inline, while each small batched matrix product is a library call per batch
-    element (measured, ~100M model at batch 8, window 256: decode step 42 -> 36 ms).
-    Returns out_BGRK in q's dtype."""
-    acc = _acc(q_BGRK.dtype)
-    heads = range(q_BGRK.shape[2])
-    scores_BGRS = jnp.stack([jnp.einsum("bgsd,bgd->bgs", k_BGSK, q_BGRK[:, :, r], preferred_element_type=acc)
-                             for r in heads], axis=2)
-    scores_BGRS = jnp.where(mask_BS[:, None, None, :], scores_BGRS, _MASKED)
-    probs_BGRS = jax.nn.softmax(scores_BGRS, axis=-1).astype(v_BGSK.dtype)
-    out_BGRK = jnp.stack([jnp.einsum("bgs,bgsd->bgd", probs_BGRS[:, :, r], v_BGSK, preferred_element_type=acc)
-                          for r in heads], axis=2)
-    return out_BGRK.astype(q_BGRK.dtype)

@@ -9,7 +9,7 @@ training), `compute_dtype` what the matmuls run in.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Any, Literal
 
 import jax.numpy as jnp
 
@@ -42,6 +42,9 @@ class Qwen3Config:
     # lax.scan over layers: compile time flat in depth, and on CPU several times faster than
     # unrolling (static slices of the stacked weights get copied).
     scan_layers: bool = True
+    # The platform's own dense product and embedding gather (a `qwen3.Kernels`, set by a
+    # `jaxscaffold.backends` backend); None: the portable jnp ones.
+    kernels: Any = None
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:

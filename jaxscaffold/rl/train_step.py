@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxscaffold import backends
 from jaxscaffold.buckets import pow2_bucket
 from jaxscaffold.models.config import Qwen3Config
 from jaxscaffold.models.qwen3 import param_shapes, param_shardings
@@ -216,7 +217,7 @@ def _update(step: _Step, num_positions, state: TrainState, batch: dict, ref_para
     (every loss term divides by the full batch's counts) and a skipped non-finite step."""
     batch = {k: batch[k] for k in BATCH_AXES}
     denominators = loss_denominators(batch["loss_mask_BT"])
-    loss_fn = functools.partial(step.objective, step.model_config)
+    loss_fn = functools.partial(step.objective, backends.current().with_kernels(step.model_config))
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def grads_and_metrics(mb):

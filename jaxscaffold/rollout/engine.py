@@ -7,12 +7,14 @@ slot for the next episode (continuous batching: a finished episode's slot is ref
 others are mid-episode, and a slot waiting for its environment simply sits out a decode).
 
 Compiled programs are bounded by bucketing: prefill lengths round up to `prefill_buckets`,
-decode lengths to `decode_buckets`, and (per_layer layout) the cache prefix a call attends
-over to `window_buckets` (128 x 1, 1.5, 2, 3, 4, 6, ...; a prefill, the powers of two among
-them), so a step reads about the filled part of the cache, not its capacity: a decode runs
-in chunks, each in the smallest window that holds the longest row, until the rows stop. Batch
-and cache sizes are fixed per engine. Each chunk runs inside one jitted `lax.while_loop` with
-the cache donated.
+decode lengths to `decode_buckets`, and (a windowed backend: the CPU's) the cache prefix a
+call attends over to `window_buckets` (128 x 1, 1.5, 2, 3, 4, 6, ...; a prefill, the powers
+of two among them; all from `jaxscaffold.buckets`), so a step reads about the filled part of
+the cache, not its capacity: a decode runs in chunks, each in the smallest window that holds
+the longest row, until the rows stop. Batch and cache sizes are fixed per engine. Each chunk
+runs inside one jitted `lax.while_loop` with the cache donated. How a step runs (the weight
+layout, the cache, the kernels) is the sampler's backend's (`jaxscaffold.backends`), chosen
+once, at construction, from the platform or `layout`.
 
 Sampling keys are per row and per position: the token at absolute position p of a row with
 seed s is drawn with `fold_in(key(s), p)`, so a row is reproducible from its seed whatever
@@ -21,10 +23,8 @@ slot or batch it runs in.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import functools
-import os
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from jaxscaffold import compiler
+from jaxscaffold import backends, buckets, compiler
 from jaxscaffold.models import qwen3
 from jaxscaffold.models.config import Qwen3Config
 from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules
@@ -64,33 +64,7 @@ class SamplerState:
     logits_BV: jax.Array  # f32: the model's prediction after each slot's last cached token
 
 
-def _bucket(n: int, buckets: Sequence[int], what: str) -> int:
-    i = bisect.bisect_left(buckets, n)
-    if i == len(buckets):
-        raise ContextOverflow(f"{what} of {n} tokens exceeds the largest bucket {buckets[-1]}")
-    return buckets[i]
-
-
-def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
-    out, b = [], lo
-    while b < hi:
-        out.append(b)
-        b *= 2
-    return tuple(out) + (hi,)
-
-
-_MIN_WINDOW = 128  # the smallest cache prefix a per_layer call attends over
-
-
-def _window_buckets(max_len: int) -> tuple[int, ...]:
-    """Cache prefixes a per_layer decode attends over: 128 x 1, 1.5, 2, 3, 4, 6, ... below
-    `max_len`, then `max_len`. A step reads its whole window (at window 256, about a fifth of a
-    ~100M-model decode step on CPU), hence half-octave steps."""
-    out, b = [], _MIN_WINDOW
-    while b < max_len:
-        out += [w for w in (b, b * 3 // 2) if w < max_len]
-        b *= 2
-    return tuple(out) + (max_len,)
+_MIN_WINDOW = 128  # the smallest cache prefix a windowed call attends over
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,26 +76,20 @@ class Programs:
     config: Qwen3Config
     sampling: SamplingConfig
     stop_ids: tuple[int, ...]
-    layout: str  # per_layer | stacked
-    column_blocks: int
+    backend: Any  # a `jaxscaffold.backends` backend: the weight layout, the cache, the decode step
     mesh: Any = None
     rules: ShardingRules = DEFAULT_RULES
 
     def weights(self, params):
-        """The parameters in this layout (a no-op on `prepare`d ones)."""
-        if self.layout == "per_layer":
-            return qwen3.decode_layout(params, self.config, self.column_blocks)
-        return params
+        """The parameters in the backend's layout (a no-op on `prepare`d ones)."""
+        return self.backend.prepare(params, self.config)
 
     def state_shardings(self):
         """Shardings of the SamplerState (None without a mesh)."""
         if self.mesh is None:
             return None
         r, m = self.rules, self.mesh
-        if self.layout == "per_layer":
-            kv = (r.sharding(m, ("batch", "cache_heads", "cache_seq", "head_dim")),) * self.config.num_layers
-        else:
-            kv = r.sharding(m, ("layers", "batch", "cache_heads", "cache_seq", "head_dim"))
+        kv = self.backend.kv_sharding(self.config, m, r)
         cache = qwen3.KVCache(k=kv, v=kv, segment_ids=r.sharding(m, ("batch", "cache_seq")),
                               lengths=r.sharding(m, ("batch",)))
         return SamplerState(cache=cache, logits_BV=r.sharding(m, ("batch", "vocab")))
@@ -131,6 +99,10 @@ class Programs:
         return state if shardings is None else jax.lax.with_sharding_constraint(state, shardings)
 
 
+def _bucket(n: int, sizes, what: str) -> int:
+    return buckets.fit(n, sizes, what=what, error=ContextOverflow)
+
+
 @functools.partial(compiler.jit, static_argnames=("programs",))
 def _prepare(params, *, programs: Programs):
     return programs.weights(params)
@@ -138,13 +110,13 @@ def _prepare(params, *, programs: Programs):
 
 @functools.partial(compiler.jit, static_argnames=("programs", "window"), donate_argnames=("state",))
 def _prefill(params, state: SamplerState, tokens_BT, segments_BT, *, programs: Programs, window: int):
-    c = programs.config
+    c, backend = programs.config, programs.backend
     params = programs.weights(params)
-    h, cache = qwen3.hidden_states(params, c, tokens_BT, segment_ids_BT=segments_BT, cache=state.cache,
-                                   window=window)
+    h, cache = backend.hidden_states(params, c, tokens_BT, segment_ids_BT=segments_BT, cache=state.cache,
+                                     window=window)
     n = jnp.sum(segments_BT != 0, axis=1)
     last = jnp.take_along_axis(h, jnp.maximum(n - 1, 0)[:, None, None], axis=1)
-    new_logits = qwen3.unembed(params, c, last)[:, 0]  # only the last position: no [B, T, V]
+    new_logits = backend.unembed(params, c, last)[:, 0]  # only the last position: no [B, T, V]
     logits = jnp.where((n > 0)[:, None], new_logits, state.logits_BV)
     return programs.constrain(SamplerState(cache=cache, logits_BV=logits))
 
@@ -152,7 +124,7 @@ def _prefill(params, state: SamplerState, tokens_BT, segments_BT, *, programs: P
 @functools.partial(compiler.jit, static_argnames=("programs", "steps", "window"), donate_argnames=("state",))
 def _decode(params, state: SamplerState, seeds_B, active_B, max_new_B, *, programs: Programs, steps: int,
             window: int):
-    c, b = programs.config, state.logits_BV.shape[0]
+    c, backend, b = programs.config, programs.backend, state.logits_BV.shape[0]
     params = programs.weights(params)
     stop_ids = jnp.asarray(programs.stop_ids, jnp.int32)
     base_keys = jax.vmap(jax.random.key)(seeds_B)
@@ -173,9 +145,9 @@ def _decode(params, state: SamplerState, seeds_B, active_B, max_new_B, *, progra
         hit = live & jnp.isin(tok, stop_ids)
         stopped = stopped | hit
         # Feed the sampled token so the cache always holds the whole history.
-        logits, cache = qwen3.forward(params, c, tok[:, None], segment_ids_BT=live[:, None].astype(jnp.int32),
-                                      cache=st.cache, window=window)
-        logits = jnp.where(live[:, None], logits[:, 0], st.logits_BV)
+        h, cache = backend.hidden_states(params, c, tok[:, None], segment_ids_BT=live[:, None].astype(jnp.int32),
+                                         cache=st.cache, window=window)
+        logits = jnp.where(live[:, None], backend.unembed(params, c, h)[:, 0], st.logits_BV)
         done = done | hit | (n >= max_new_B)
         return i + 1, SamplerState(cache=cache, logits_BV=logits), done, stopped, n, toks, lp, slp
 
@@ -199,9 +171,10 @@ class Sampler:
       cache_dtype: KV cache dtype (bf16 halves cache memory and bandwidth).
       mesh, rules: shard the cache (rows over the batch axes, kv heads over `tensor`);
         parameters keep the shardings they were placed with.
-      layout: "per_layer" runs the layers unrolled over per-layer weights and cache buffers
-        (`qwen3.decode_layout`), which XLA:CPU reads in place; "stacked" scans the stacked
-        ones (the compact program TPUs and GPUs prefer). "auto": per_layer on CPU.
+      layout: which backend decodes (`jaxscaffold.backends`). "auto": the platform's;
+        "per_layer": the CPU's (layers unrolled over per-layer weights and cache buffers,
+        `backends.cpu.decode_layout`, which XLA:CPU reads in place); "stacked": the TPU / GPU
+        one (the stacked weights scanned, the compact program those compilers prefer).
       column_blocks: per_layer only: matrices split into this many blocks so each of a
         CPU's cores runs one (default: the core count, at most 4, on an unsharded CPU
         sampler; else 1).
@@ -221,24 +194,17 @@ class Sampler:
         self.config, self.batch_size, self.max_len = config, batch_size, max_len
         self.sampling, self.cache_dtype = sampling, cache_dtype
         self.stop_ids = np.asarray(sorted(set(stop_ids)), np.int32)
-        self.prefill_buckets = tuple(prefill_buckets or _powers_of_two(16, max_len))
-        self.decode_buckets = tuple(decode_buckets or _powers_of_two(16, max_len))
-        self.window_buckets = _window_buckets(max_len)  # decode: read every step
-        # A prefill reads its window once, not once a step: powers of two (the decode windows'
-        # octaves), half the programs to compile.
-        self.prefill_window_buckets = _powers_of_two(_MIN_WINDOW, max_len)
+        self.prefill_buckets = tuple(prefill_buckets or buckets.ladder(16, max_len))
+        self.decode_buckets = tuple(decode_buckets or buckets.ladder(16, max_len))
+        # Windows (a windowed backend's): a decode step reads its whole window (at window 256,
+        # about a fifth of a ~100M-model decode step on CPU), hence half-octave steps; a prefill
+        # reads it once, not once a step: powers of two, half the programs to compile.
+        self.window_buckets = buckets.ladder(_MIN_WINDOW, max_len, per_octave=2)
+        self.prefill_window_buckets = buckets.ladder(_MIN_WINDOW, max_len)
         self.mesh, self.rules = mesh, rules
-        cpu = jax.default_backend() == "cpu"
-        if layout == "auto":
-            layout = "per_layer" if cpu else "stacked"
-        if layout not in ("per_layer", "stacked"):
-            raise ValueError(f"unknown sampler layout {layout!r} (per_layer, stacked, auto)")
-        self.layout = layout
-        if column_blocks is None:
-            column_blocks = min(os.cpu_count() or 1, 4) if cpu and mesh is None else 1
-        self.column_blocks = column_blocks if layout == "per_layer" else 1
-        self.programs = Programs(config, sampling, tuple(int(i) for i in self.stop_ids), layout,
-                                 self.column_blocks, mesh, rules)
+        self.backend = backends.for_sampler(layout, mesh=mesh, column_blocks=column_blocks)
+        self.layout = self.backend.layout
+        self.programs = Programs(config, sampling, tuple(int(i) for i in self.stop_ids), self.backend, mesh, rules)
 
     # ---------------------------------------------------------------- state
 
@@ -246,8 +212,7 @@ class Sampler:
         """All slots empty."""
         c = self.config
         state = SamplerState(
-            cache=qwen3.KVCache.empty(c, self.batch_size, self.max_len, self.cache_dtype,
-                                      per_layer=self.layout == "per_layer"),
+            cache=self.backend.empty_cache(c, self.batch_size, self.max_len, self.cache_dtype),
             logits_BV=jnp.zeros((self.batch_size, c.vocab_size), jnp.float32))
         shardings = self.programs.state_shardings()
         return state if shardings is None else jax.device_put(state, shardings)
@@ -265,16 +230,17 @@ class Sampler:
         return SamplerState(cache=cache, logits_BV=state.logits_BV)
 
     def _window(self, needed: int, buckets: Sequence[int]) -> int:
-        """The cache prefix a call attends over (per_layer): the bucket holding `needed` slots,
-        so a decode step reads the filled part of the cache, not the whole capacity."""
-        if self.layout != "per_layer":
+        """The cache prefix a call attends over (a windowed backend's): the bucket holding
+        `needed` slots, so a decode step reads the filled part of the cache, not the whole
+        capacity."""
+        if not self.backend.windowed:
             return self.max_len
         return _bucket(min(needed, self.max_len), buckets, "a window")
 
     def prepare(self, params):
         """The parameters in the layout this sampler decodes with: what to pass to `extend`
         and `generate` (made once per parameter update; the stacked ones are not changed)."""
-        if self.layout == "stacked" or not qwen3.is_stacked(params):
+        if self.backend.is_prepared(params):
             return params
         return _prepare(params, programs=self.programs)
 
@@ -317,8 +283,8 @@ class Sampler:
         (capped by the slot's room). Other slots sit out. Returns the new state and each
         slot's Generation.
 
-        Runs in chunks (per_layer): each attends over the smallest window bucket that holds the
-        longest row's next token, and ends when a row fills it; the rows still going continue
+        Runs in chunks (a windowed backend): each attends over the smallest window bucket that
+        holds the longest row's next token, and ends when a row fills it; the rows still going continue
         in the next window. Sampling keys depend on positions only, so chunking changes no token.
         """
         lengths = np.array(self.lengths(state) if lengths is None else lengths, np.int64)

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxscaffold.backends import cpu
 from jaxscaffold.models import hf_io, qwen3
 from tests.models.hf_reference import hf_logits, make_hf_model
 
@@ -52,13 +53,19 @@ def test_scan_and_remat_do_not_change_logits(tmp_path, scan_layers, remat):
     _assert_close(np.asarray(forward(params, cfg, jnp.asarray(tokens))), hf_logits(model, tokens))
 
 
+KERNELS = {"portable": None, "cpu": cpu.KERNELS}  # cpu: the dense layers' custom VJP
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("name", ["untied-gqa2", "three-layers-tied-gqa4"])
-def test_gradients_match_transformers(tmp_path, name):
-    """Parameter gradients of a loss on the logits (the dense layers' custom VJP, attention in
-    3 query blocks) equal PyTorch autograd's through transformers' model: its gradients are
-    written as a checkpoint and read back with our loader, so the layouts match."""
+def test_gradients_match_transformers(tmp_path, name, kernels):
+    """Parameter gradients of a loss on the logits (autodiff's or the CPU backend's custom VJP
+    of the dense layers, attention in 3 query blocks) equal PyTorch autograd's through
+    transformers' model: its gradients are written as a checkpoint and read back with our
+    loader, so the layouts match."""
     import torch
     model, config, params = _load(tmp_path / "model", **CONFIGS[name])
+    config = config.replace(kernels=KERNELS[kernels])
     rng = np.random.RandomState(0)
     tokens = rng.randint(0, config.vocab_size, (2, 100))
     weights = rng.randn(2, 100, config.vocab_size).astype(np.float32)
@@ -76,12 +83,14 @@ def test_gradients_match_transformers(tmp_path, name):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=2e-4 * scale, err_msg=str(path[0]))
 
 
-def test_remat_policies_do_not_change_gradients():
-    """Rematerialisation (around the dense layers' custom VJP and the blocked attention) gives
-    the gradients of no remat, to rounding (recomputed parts may fuse differently)."""
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_remat_policies_do_not_change_gradients(kernels):
+    """Rematerialisation (around the dense layers, autodiff's or the CPU's custom VJP, and the
+    blocked attention) gives the gradients of no remat, to rounding (recomputed parts may fuse
+    differently)."""
     from jaxscaffold.models.config import Qwen3Config
     cfg = Qwen3Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=8)
+                      num_kv_heads=2, head_dim=8, kernels=KERNELS[kernels])
     params = qwen3.init_params(cfg, jax.random.key(0))
     tokens = jnp.asarray(np.random.RandomState(0).randint(0, 128, (2, 70)))  # 2 query blocks
     grads = {policy: jax.jit(jax.grad(lambda p, c=cfg.replace(remat_policy=policy):
@@ -210,26 +219,26 @@ def test_splash_attention_interpret_mode_matches_xla():
     np.testing.assert_allclose(np.asarray(out)[0, real], np.asarray(ref)[0, real], atol=2e-5)
 
 
-@pytest.mark.parametrize("layout", ["scan", "unrolled", "decode", "decode-stacked-cache"])
-def test_kv_cache_prefill_then_steps_equals_full_forward(tmp_path, layout):
+@pytest.mark.parametrize("scan_layers", [True, False], ids=["scan", "unrolled"])
+def test_kv_cache_prefill_then_steps_equals_full_forward(tmp_path, scan_layers):
     """Right-padded prompts of mixed lengths, prefilled into a cache, then fed one token at a
-    time: every step's logits equal the full forward of the whole sequence, in every layout
-    (stacked weights scanned or unrolled; `decode_layout` weights in 2 blocks with per-layer
-    cache buffers, or with a stacked cache)."""
+    time: every step's logits equal the full forward of the whole sequence, with the stacked
+    weights scanned or unrolled (the backends' own layouts: tests/backends)."""
     model, config, params = _load(tmp_path, heads=4, kv_heads=2)
-    config = config.replace(scan_layers=layout == "scan")
-    per_layer = layout == "decode"
-    if layout.startswith("decode"):
-        params = qwen3.decode_layout(params, config, blocks=2)
-        assert len(params["layers"][0]["gate_up"]) == 2 and len(params["lm_head"]) == 2
+    config = config.replace(scan_layers=scan_layers)
+    check_prefill_then_steps(model, config, jax.jit(qwen3.forward, static_argnums=1), params,
+                             qwen3.KVCache.empty(config, 3, 16, dtype="float32"))
+
+
+def check_prefill_then_steps(model, config, step, params, cache):
+    """`step(params, config, tokens, segment_ids_BT=, cache=)` over an empty 3-row `cache`:
+    prefill then 4 single-token steps, each step's logits against transformers'."""
     rng = np.random.RandomState(5)
     lengths, total, steps = [6, 2, 4], 6, 4
     full = rng.randint(0, config.vocab_size, (3, total + steps)).astype(np.int32)
     prompt, mask = np.zeros((3, total), np.int32), np.zeros((3, total), np.int32)
     for b, n in enumerate(lengths):
         prompt[b, :n], mask[b, :n] = full[b, :n], 1
-    cache = qwen3.KVCache.empty(config, 3, 16, dtype="float32", per_layer=per_layer)
-    step = jax.jit(qwen3.forward, static_argnums=1)
     logits, cache = step(params, config, jnp.asarray(prompt), segment_ids_BT=jnp.asarray(mask), cache=cache)
     np.testing.assert_array_equal(np.asarray(cache.lengths), lengths)
     for b, n in enumerate(lengths):
@@ -242,62 +251,26 @@ def test_kv_cache_prefill_then_steps_equals_full_forward(tmp_path, layout):
             _assert_close(np.asarray(logits)[b, 0], ref)
 
 
-def test_decode_layout_forward_equals_stacked(tmp_path):
-    """Without a cache too, `decode_layout` weights (tied and untied heads) give the stacked
-    weights' logits."""
-    for tie in (True, False):
-        model, config, params = _load(tmp_path / str(tie), tied=tie)
-        tokens = jnp.asarray(np.random.RandomState(0).randint(0, config.vocab_size, (2, 7)), jnp.int32)
-        ref = qwen3.forward(params, config, tokens)
-        for blocks in (1, 2, 4):
-            out = qwen3.forward(qwen3.decode_layout(params, config, blocks), config, tokens)
-            np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5)
-
-
-def test_decode_layout_rows_do_not_depend_on_the_batch_size(tmp_path):
-    """A decode step's few rows go through fixed row panels, so a row's logits are bitwise the
-    same whichever batch (2 to 32 rows, any neighbours) it is computed in, and equal the
-    stacked weights' logits (a lone row takes the matrix-vector kernel: close, not bitwise)."""
+def test_bf16_cache_holds_the_rounded_keys_and_values(tmp_path):
+    """The model's bf16 cache is stored as bf16 (the CPU backend's, as bits: tests/backends):
+    layer 0's cached keys/values (computed before any attention) are exactly the f32 cache's
+    rounded to bf16, at the written slots, and the empty slots stay zero."""
     _, config, params = _load(tmp_path, heads=4, kv_heads=2)
-    fast = qwen3.decode_layout(params, config, blocks=2)
-    tokens = jnp.asarray(np.random.RandomState(2).randint(0, config.vocab_size, (32, 1)), jnp.int32)
-    whole = np.asarray(forward(fast, config, tokens))
-    np.testing.assert_allclose(whole, np.asarray(forward(params, config, tokens)), atol=1e-5)
-    for rows in (2, 3, 8, 9, 17):
-        part = np.asarray(forward(fast, config, tokens[-rows:]))
-        np.testing.assert_array_equal(part, whole[-rows:], err_msg=f"{rows} rows")
-    np.testing.assert_allclose(np.asarray(forward(fast, config, tokens[-1:])), whole[-1:], atol=1e-5)
+    check_bf16_cache(config, params, jax.jit(qwen3.forward, static_argnums=1),
+                     lambda dtype: qwen3.KVCache.empty(config, 2, 8, dtype=dtype), lambda buf: buf, jnp.bfloat16)
 
 
-@pytest.mark.parametrize("per_layer", [False, True])
-def test_bf16_cache_holds_the_rounded_keys_and_values(tmp_path, per_layer):
-    """The bf16 cache is stored as raw bits (XLA:CPU has no bf16 scatter): layer 0's
-    cached keys/values (computed before any attention) are exactly the f32 cache's rounded
-    to bf16, at the written slots, and the empty slots stay zero."""
-    _, config, params = _load(tmp_path, heads=4, kv_heads=2)
-    if per_layer:
-        params = qwen3.decode_layout(params, config)
+def check_bf16_cache(config, params, step, empty, values, stored_dtype):
+    """A 2-row bf16 cache (`empty(dtype)`, read back with `values`) holds the f32 one's rounded."""
     tokens = jnp.asarray(np.random.RandomState(1).randint(0, config.vocab_size, (2, 5)), jnp.int32)
     seg = jnp.asarray([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], jnp.int32)
-    step = jax.jit(qwen3.forward, static_argnums=1)
-    caches = {}
-    for dtype in ("float32", "bfloat16"):
-        empty = qwen3.KVCache.empty(config, 2, 8, dtype=dtype, per_layer=per_layer)
-        caches[dtype] = step(params, config, tokens, segment_ids_BT=seg, cache=empty)[1]
+    caches = {dtype: step(params, config, tokens, segment_ids_BT=seg, cache=empty(dtype))[1]
+              for dtype in ("float32", "bfloat16")}
     for name in ("k", "v"):
         ref = np.asarray(getattr(caches["float32"], name)[0])  # layer 0: [B, G, S, K]
         stored = getattr(caches["bfloat16"], name)[0]
-        assert stored.dtype == jnp.uint16
-        got = np.asarray(qwen3.kv_values(stored))
+        assert stored.dtype == stored_dtype
+        got = np.asarray(values(stored))
         assert got.dtype == jnp.bfloat16
         np.testing.assert_array_equal(got.astype(np.float32), ref.astype(jnp.bfloat16).astype(np.float32))
         assert np.all(got[0, :, 5:] == 0) and np.all(got[1, :, 2:] == 0) and np.any(got[1, :, :2] != 0)
-
-
-def test_bf16_embedding_rows_are_gathered_exactly():
-    """16-bit tables are gathered as raw bits: the rows equal NumPy indexing bit for bit."""
-    table = jax.random.normal(jax.random.key(0), (50, 8)).astype(jnp.bfloat16)
-    tokens = jnp.asarray([[3, 0, 49], [7, 7, 1]], jnp.int32)
-    rows = qwen3._embed_rows(table, tokens)
-    assert rows.dtype == jnp.bfloat16
-    np.testing.assert_array_equal(np.asarray(rows).view(np.uint16), np.asarray(table).view(np.uint16)[np.asarray(tokens)])

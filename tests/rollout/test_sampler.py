@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from jaxscaffold.backends import cpu
 from jaxscaffold.models import hf_io, qwen3
 from jaxscaffold.models.sharding import MeshConfig, make_mesh
 from jaxscaffold.rollout.conversation import MultiTurn
@@ -125,7 +126,7 @@ def test_prepared_parameters_decode_exactly_as_the_stacked_ones(model):
         sampler = Sampler(config, batch_size=3, max_len=64, sampling=SamplingConfig(temperature=1.0),
                           stop_ids=(), cache_dtype="float32", layout=layout, column_blocks=blocks)
         p = sampler.prepare(params) if prepare else params
-        assert qwen3.is_stacked(p) == (layout == "stacked" or not prepare)
+        assert cpu.is_prepared(p) == (layout == "per_layer" and prepare)
         prompts = {0: [5, 6, 7], 1: [8] * 9, 2: [9, 10]}
         state = sampler.extend(p, sampler.init_state(), prompts)
         _, out = sampler.generate(p, state, [0, 1, 2], max_new_tokens=12, seeds=[1, 2, 3])

@@ -1,0 +1,47 @@
+"""Per-platform tuning, chosen once: the only code (with `compiler.py`) that looks at the
+platform. The model (`models/qwen3.py`) is the same everywhere; a backend decides how a
+platform runs it:
+
+  cpu.CPU                   per-layer decode layout in column blocks, bf16 cache as bits,
+                            windowed cache reads, custom-VJP dense layers, YNNPACK options
+  accelerator.Accelerator   TPU / GPU: stacked weights scanned, plain cache, autodiff
+
+A backend provides, for the sampler: `prepare(params, config)` (its weight layout; a no-op on
+prepared ones), `is_prepared(params)`, `empty_cache(config, batch, max_len, dtype)`,
+`kv_sharding(config, mesh, rules)`, `hidden_states(params, config, tokens, segment_ids_BT=,
+cache=, window=)` and `unembed(params, config, h)`, `windowed` (whether a call attends over a
+bucketed cache prefix); for training, `with_kernels(config)` (the config carrying its dense /
+gather kernels); for the compiler, `compiler_options()`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+from jaxscaffold.backends import accelerator, cpu
+
+
+def for_platform(name: str):
+    """The backend of a JAX platform name ("cpu", "gpu", "tpu", ...); a sampler's (its
+    column blocks, say) comes from `for_sampler`."""
+    return cpu.CPU() if name == "cpu" else accelerator.Accelerator()
+
+
+@functools.cache
+def current():
+    """The backend of JAX's default platform (looked up once, at the first call)."""
+    return for_platform(jax.default_backend())
+
+
+def for_sampler(layout: str = "auto", *, mesh=None, column_blocks: int | None = None):
+    """The backend a sampler decodes with: the platform's ("auto"), or the one of a layout
+    ("per_layer": the CPU's, in `column_blocks` blocks; "stacked": the accelerators')."""
+    if layout == "auto":
+        layout = current().layout
+    if layout == "per_layer":
+        return cpu.CPU(column_blocks=cpu.default_column_blocks(mesh) if column_blocks is None else column_blocks)
+    if layout == "stacked":
+        return accelerator.Accelerator()
+    raise ValueError(f"unknown sampler layout {layout!r} (per_layer, stacked, auto)")
