@@ -118,7 +118,7 @@ Optimizer = optax.GradientTransformation | OptimizerConfig
 def make_train_step(model_config: Qwen3Config, algo: AlgorithmConfig, optimizer: Optimizer,
                     *, num_micro_batches: int = 1, agg_constant: float | None = None, logprob_chunk: int | None = None,
                     mesh=None, rules: ShardingRules = DEFAULT_RULES, with_reference: bool = False,
-                    score_masked_only: bool = True) -> Callable:
+                    score_masked_only: bool = True, backend=None) -> Callable:
     """Builds `train_step(state, batch[, ref_params]) -> (state, metrics)`, jitted.
 
     `optimizer`: an optax transformation, or an `OptimizerConfig` (the same transformation as
@@ -132,21 +132,25 @@ def make_train_step(model_config: Qwen3Config, algo: AlgorithmConfig, optimizer:
     `score_masked_only` unembeds only the trained-on positions (their largest count in a row,
     bucketed to 16 * 2**k or 1.5 times that, is a static shape: one compiled program per
     bucket); off, every position.
+    `backend` (default: the platform's, `backends.current()`) supplies the model's kernels
+    (e.g. the CPU's dense-layer VJP); a memory plan or a FLOP count for an accelerator passes
+    `backends.accelerator.Accelerator()` on any machine.
     """
     if algo.kl_coef and not with_reference:
         raise ValueError(f"{algo.name}: kl_coef={algo.kl_coef} needs with_reference=True (frozen reference params)")
     return _train_step(_Step(model_config, PolicyObjective(algo, agg_constant, logprob_chunk), optimizer,
-                             num_micro_batches, mesh, rules, with_reference), score_masked_only)
+                             num_micro_batches, mesh, rules, with_reference, backend or backends.current()),
+                       score_masked_only)
 
 
 def make_sft_step(model_config: Qwen3Config, optimizer: Optimizer, *,
                   num_micro_batches: int = 1, logprob_chunk: int | None = None, mesh=None,
-                  rules: ShardingRules = DEFAULT_RULES, score_masked_only: bool = True) -> Callable:
+                  rules: ShardingRules = DEFAULT_RULES, score_masked_only: bool = True, backend=None) -> Callable:
     """`sft_step(state, batch) -> (state, metrics)`: token-level cross-entropy on the masked
     tokens (mean over all of the batch's masked tokens), the same state, batch layout,
     sharding, accumulation and non-finite guard as `make_train_step`; adv / old_logp unused."""
     return _train_step(_Step(model_config, SFTObjective(logprob_chunk), optimizer, num_micro_batches, mesh,
-                             rules, with_reference=False), score_masked_only)
+                             rules, with_reference=False, backend=backend or backends.current()), score_masked_only)
 
 
 def _logprobs(params, config, mb, num_positions, logprob_chunk):
@@ -205,6 +209,7 @@ class _Step:
     mesh: Any
     rules: ShardingRules
     with_reference: bool
+    backend: Any  # a frozen dataclass of `jaxscaffold.backends` (hashable): the model's kernels
 
     @property
     def transformation(self) -> optax.GradientTransformation:
@@ -217,7 +222,7 @@ def _update(step: _Step, num_positions, state: TrainState, batch: dict, ref_para
     (every loss term divides by the full batch's counts) and a skipped non-finite step."""
     batch = {k: batch[k] for k in BATCH_AXES}
     denominators = loss_denominators(batch["loss_mask_BT"])
-    loss_fn = functools.partial(step.objective, backends.current().with_kernels(step.model_config))
+    loss_fn = functools.partial(step.objective, step.backend.with_kernels(step.model_config))
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def grads_and_metrics(mb):

@@ -13,7 +13,9 @@ Nothing is allocated: parameters are `jax.eval_shape`d and programs lowered for 
 arguments. The training state stays resident while rollouts run, so the peak is the larger of
 the train phase (state + step temporaries) and the rollout phase (state + sampler).
 
-XLA:CPU's buffer assignment stands in for the accelerator's when the mesh is fake, so the
+The programs are the accelerator backend's (`backends.accelerator`: stacked weights, autodiff,
+a plain cache), whatever machine plans them. XLA:CPU's buffer assignment stands in for the
+accelerator's when the mesh is fake, so the
 activation figure is an estimate of a TPU's or GPU's (fusion decisions differ); the parameter,
 optimizer, gradient and cache figures are exact byte counts of the arrays.
 """
@@ -27,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxscaffold.backends.accelerator import Accelerator
 from jaxscaffold.buckets import pow2_bucket
 from jaxscaffold.config import RunConfig
 from jaxscaffold.models import attention, qwen3
@@ -174,7 +177,8 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
     activations = None
     if compile_step:
         step = make_train_step(config, algo, opt_config, num_micro_batches=r.micro_batches, mesh=mesh,
-                               agg_constant=float(c.max_new_tokens * c.max_turns), with_reference=with_reference)
+                               agg_constant=float(c.max_new_tokens * c.max_turns), with_reference=with_reference,
+                               backend=Accelerator())
         rows, length, positions = worst_case_batch(cfg)
         data_parallel = mesh.shape["data"] * mesh.shape["fsdp"]
         rows += (-rows) % (r.micro_batches * data_parallel)
@@ -200,7 +204,8 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
 
     # The sampler: rows of this process's share of the groups, its cache as it is built.
     share = -(-c.tasks_per_step // jax.process_count())
-    sampler = Sampler(config, batch_size=share * c.group_size, max_len=c.max_len, cache_dtype=cfg.model.cache_dtype)
+    sampler = Sampler(config, batch_size=share * c.group_size, max_len=c.max_len, cache_dtype=cfg.model.cache_dtype,
+                      layout="stacked")
     cache = jax.eval_shape(sampler.init_state)
     cache_sh = sampler.programs.state_shardings()
     kv = _shard_bytes(cache, cache_sh) if cache_sh is not None else sum(

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.common import REPORT
+from jaxscaffold.backends.accelerator import Accelerator
 from jaxscaffold.models import config as model_configs
 from jaxscaffold.models import qwen3
 from jaxscaffold.rl.presets import preset
@@ -39,7 +40,8 @@ def textbook_flops(c, rows: int, length: int, scored: int) -> dict[str, float]:
 
 def compiled_flops(c, rows: int, length: int, scored: int) -> float:
     opt = OptimizerConfig()
-    step = make_train_step(c.replace(scan_layers=False), preset("grpo"), opt, logprob_chunk=length)
+    step = make_train_step(c.replace(scan_layers=False), preset("grpo"), opt, logprob_chunk=length,
+                           backend=Accelerator())  # the accelerators' program (autodiff dense layers)
     state = jax.eval_shape(lambda p: init_train_state(p, opt.make()), qwen3.param_shapes(c))
     ints = ("tokens_BT", "segment_ids_BT", "loss_mask_BT")
     batch = {name: jax.ShapeDtypeStruct((rows, length)[: len(axes)], jnp.int32 if name in ints else jnp.float32)
