@@ -50,3 +50,11 @@ def derive(run_seed: int, stream: str, *keys: int) -> int:
         raise ValueError(f"seed stream keys must be non-negative, got {keys}")
     seq = np.random.SeedSequence([int(run_seed) & 0xFFFFFFFF, _name_key(stream), *map(int, keys)])
     return int(seq.generate_state(1, np.uint32)[0])
+
+
+def turn_seed(run_seed: int, train_step: int, episode: int, turn: int) -> int:
+    """The sampling seed of one model turn (the sampler's per-row seed): a pure function of its
+    coordinates, so an episode samples the same wherever (slot, process, batch) it runs.
+    `run_seed` is the stream's seed (e.g. `derive(cfg.seed, "rollout", batch_index)`)."""
+    seq = np.random.SeedSequence([run_seed & 0xFFFFFFFF, train_step, episode, turn])
+    return int(seq.generate_state(1)[0])

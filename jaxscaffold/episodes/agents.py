@@ -23,6 +23,7 @@ from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
+from jaxscaffold import seeds
 from jaxscaffold.envs.actions import action_text
 from jaxscaffold.envs.base import Observation
 from jaxscaffold.envs.gold import GoldPolicy
@@ -59,13 +60,6 @@ class Agent(Protocol):
         """Attach what the agent recorded to the episodes (after the last turn)."""
 
 
-def episode_seed(run_seed: int, train_step: int, episode: int, turn: int) -> int:
-    """The sampling seed of one model turn: a pure function of its coordinates, so an
-    episode samples the same wherever (slot, process, batch) it runs."""
-    seq = np.random.SeedSequence([run_seed & 0xFFFFFFFF, train_step, episode, turn])
-    return int(seq.generate_state(1)[0])
-
-
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
     """The model's rollout options (`max_turns` is the caller's to pass to the driver)."""
@@ -79,7 +73,7 @@ class RolloutConfig:
 
 class ModelAgent:
     """The policy in the sampler's slots (episode i in slot i). `episode_ids[i]` (default i)
-    keys episode i's sampling seeds, with `seed` and `train_step` (see `episode_seed`)."""
+    keys episode i's sampling seeds, with `seed` and `train_step` (see `seeds.turn_seed`)."""
 
     def __init__(self, params, sampler: Sampler, tokenizer: Tokenizer, cfg: RolloutConfig, *, seed: int,
                  train_step: int, episode_ids: Sequence[int] | None = None):
@@ -119,8 +113,8 @@ class ModelAgent:
 
     def act(self, live, turn):
         keys = self.episode_ids
-        seeds = [episode_seed(self.seed, self.train_step, i if keys is None else keys[i], turn) for i in live]
-        self.gens = self.mt.generate(self.params, live, max_new_tokens=self.cfg.max_new_tokens, seeds=seeds)
+        row_seeds = [seeds.turn_seed(self.seed, self.train_step, i if keys is None else keys[i], turn) for i in live]
+        self.gens = self.mt.generate(self.params, live, max_new_tokens=self.cfg.max_new_tokens, seeds=row_seeds)
         eos = self.tokenizer.eos_ids
         return {i: self.tokenizer.decode([t for t in self.gens[i].tokens if t not in eos]) for i in live}
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from jaxscaffold.envs.base import EnvBatch, Observation, Task, is_failure
-from jaxscaffold.episodes.agents import Agent, Seen, episode_seed
+from jaxscaffold import seeds
+from jaxscaffold.episodes.agents import Agent, Seen
 from jaxscaffold.episodes.episode import Episode
 from jaxscaffold.feedback.apply import NONE, Feedback
 from jaxscaffold.models.tokenizer import Tokenizer
@@ -98,7 +99,7 @@ def complete(params, sampler: Sampler, tokenizer: Tokenizer, prompts: Sequence[S
         mt.extend(params, dict(enumerate(chunk)))
         slots = list(range(len(chunk)))
         gens = mt.generate(params, slots, max_new_tokens=max_new_tokens,
-                           seeds=[episode_seed(seed, 0, first_row + start + i, 0) for i in slots])
+                           seeds=[seeds.turn_seed(seed, 0, first_row + start + i, 0) for i in slots])
         for i in slots:
             text = tokenizer.decode([t for t in gens[i].tokens if t not in tokenizer.eos_ids])
             out.append((mt.conversations[i], text))

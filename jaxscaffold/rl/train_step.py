@@ -20,6 +20,7 @@ import dataclasses
 import functools
 from typing import Any, Callable
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
@@ -74,8 +75,7 @@ class OptimizerConfig:
         )
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
+@flax.struct.dataclass  # a pytree (frozen): jitted steps take and return it
 class TrainState:
     step: jax.Array  # int32: optimizer steps taken (skipped ones excluded)
     params: Any

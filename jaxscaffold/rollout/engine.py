@@ -27,6 +27,7 @@ import dataclasses
 import functools
 from typing import Any, Mapping, Sequence
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -55,8 +56,7 @@ class Generation:
     finish_reason: str  # "stop" (a stop token, included in tokens) or "length"
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
+@flax.struct.dataclass  # a pytree (frozen): jitted steps take and return it
 class SamplerState:
     """Device state of all slots: the KV cache and each slot's next-token logits."""
 
