@@ -66,7 +66,7 @@ ENV_NAME = "sciworld"
 DEFAULT_JVM_OPTS: tuple[str, ...] = ("-Xmx256m", "-XX:+UseSerialGC")
 UNKNOWN_ACTION_TEXT = "No known action matches that input."
 LEVELS = ("official", "L0", "L1", "L2")
-_SPLITS = {"official": ("train", "dev", "test"), "L0": ("train", "test"),
+LEVEL_SPLITS = {"official": ("train", "dev", "test"), "L0": ("train", "test"),
            "L1": ("train", "test"), "L2": ("train", "test")}
 # The split files ship with the package (data/sciworld/SOURCE.md: provenance);
 # $JAXSCAFFOLD_DATA/sciworld overrides them.
@@ -240,8 +240,8 @@ def catalogue(split: str, *, level: str = "L0",
     (official: task order, then variation)."""
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-    if split not in _SPLITS[level]:
-        raise ValueError(f"split of level {level} must be one of {_SPLITS[level]}, got {split!r}")
+    if split not in LEVEL_SPLITS[level]:
+        raise ValueError(f"split of level {level} must be one of {LEVEL_SPLITS[level]}, got {split!r}")
     data = variation_data()
     names = data["task_names"]
     keep: set[str] | None = None

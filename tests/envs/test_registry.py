@@ -11,7 +11,7 @@ from jaxscaffold.envs import registry
 def test_split_table_matches_the_env_module(name):
     module = importlib.import_module(registry.ENVS[name][0])
     if name == "sciworld":
-        own = module._SPLITS["L0"]  # the default level of `catalogue`
+        own = module.LEVEL_SPLITS["L0"]  # the default level of `catalogue`
     elif name == "alfworld":
         own = (*module.SPLITS, *module.SPLIT_ALIASES)
     elif name == "letters":
