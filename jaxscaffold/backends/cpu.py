@@ -29,8 +29,18 @@ from jaxscaffold.models.config import Qwen3Config
 # (f32: 14 ms either way); in interleaved runs, a bf16 decode step of the ~100M benchmark model
 # 27.0 against 36.4 ms (f32: 25.0 against 25.7 ms). A bf16 train step of that model ran at the
 # same speed with and without (10.4 s), so train steps keep XLA's defaults. CPUs with bf16 dot
-# instructions keep them too (their bf16 kernel is the fast one, shared/REFERENCE.md §8).
+# instructions keep YNNPACK's individual dots (their bf16 kernel is the fast one,
+# shared/REFERENCE.md §8).
+# By default YNNPACK also takes the larger reductions (from about 4096 elements) and sums a row
+# in an order that depends on the whole array's shape: a row's softmax then rounds differently
+# in a batch of 8 than of 4, and at T = 1 over a nearly flat vocabulary a last-bit difference
+# picks the neighbouring token now and then (multi-host rollouts sample their rows in smaller
+# batches than one host: tests/rollout/test_batch_invariance.py). Either option keeps
+# reductions in XLA's own emitters, whose order per row is the same whatever the batch. Cost on
+# a Zen 5 CPU (AVX-512 bf16): the tiny test model's decode step 6.9 -> 8.5 ms (its reductions
+# over a 151936 vocabulary), the ~100M model's unchanged (~29 ms, bf16, batch 8).
 _CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}  # XLA_FLAGS spells it "dot"
+_BF16_CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
 _BF16_DOT_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86, and Arm's `Features` line
 
 
@@ -47,7 +57,7 @@ def cpu_has_bf16_dots(cpuinfo: str = "/proc/cpuinfo") -> bool:
 
 def compiler_options() -> dict[str, str] | None:
     """XLA options of the sampler's programs on this host's CPU."""
-    return None if cpu_has_bf16_dots() else dict(_CPU_OPTIONS)
+    return dict(_BF16_CPU_OPTIONS if cpu_has_bf16_dots() else _CPU_OPTIONS)
 
 
 def default_column_blocks(mesh=None) -> int:

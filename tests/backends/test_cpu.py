@@ -108,9 +108,11 @@ def test_bf16_dot_instructions_are_read_from_cpuinfo(tmp_path, cpu_kind, has):
     assert cpu.cpu_has_bf16_dots(str(path)) is has
 
 
-def test_options_are_for_cpus_without_bf16_dots(monkeypatch):
+def test_cpu_options_by_bf16_dot_support(monkeypatch):
     monkeypatch.setattr(cpu, "cpu_has_bf16_dots", lambda: False)
     assert compiler.compiler_options("cpu") == {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"}
     assert compiler.compiler_options("tpu") is None and compiler.compiler_options("gpu") is None
-    monkeypatch.setattr(cpu, "cpu_has_bf16_dots", lambda: True)
-    assert compiler.compiler_options("cpu") is None
+    monkeypatch.setattr(cpu, "cpu_has_bf16_dots", lambda: True)  # their own dots; reductions in XLA
+    assert compiler.compiler_options("cpu") == {
+        "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+    assert compiler.compiler_options("tpu") is None and compiler.compiler_options("gpu") is None
