@@ -39,6 +39,9 @@ cfg = tiny_config(os.path.join(out, "run"), steps=2, **{
     "rollout.tasks_per_step": 4, "rollout.group_size": 2, "rollout.temperature": 1.0,
     "rollout.max_turns": 3, "rollout.max_len": 256, "envs.train": "coin", "envs.eval": "coin",
     "feedback.schedule": "bandit", "feedback.bandit_signal": "success",
+    # Arms that act within 3 turns (the late windows start at episode step 5), so the feedback
+    # log the test compares is not empty by the luck of the bandit's and the groups' draws.
+    "feedback.bandit_arms": "ag_early,oe_early",
     "eval.every": 2, "eval.tasks": 4, "checkpoint.every": 2, "mesh.devices": 0})
 result = train(cfg, workload=Recording)
 assert jax.process_count() == num_processes and jax.device_count() == 2
