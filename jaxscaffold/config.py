@@ -431,22 +431,12 @@ def _range(path: str, value, low, high=None, *, strict: bool = False) -> None:
         raise ConfigError(f"config.{path}={value!r} must be {bound}" + (f" and <= {high}" if high is not None else ""))
 
 
-def task_specs(spec: str, default_split: str) -> list[tuple[str, str, int | None]]:
-    """"sciworld,bfcl:validation,letters:test:8" -> [(env, split, first-n or None), ...]:
-    "env", "env:split" to override the split, "env:split:n" (split may be empty, "env::n")
-    for the env's first n tasks."""
-    out = []
-    for entry in [e.strip() for e in spec.split(",") if e.strip()]:
-        name, split, limit = ([p.strip() for p in entry.split(":")] + ["", ""])[:3]
-        if limit and not limit.isdigit():
-            raise ConfigError(f"task spec {entry!r}: the count after the second ':' must be a whole number")
-        out.append((name, split or default_split, int(limit) if limit else None))
-    return out
-
-
 def _check_tasks(path: str, spec: str, default_split: str) -> None:
     from jaxscaffold.envs import registry
-    entries = task_specs(spec, default_split)
+    try:
+        entries = [(s.env, s.split or default_split, s.limit) for s in registry.parse_task_spec(spec)]
+    except ValueError as e:
+        raise ConfigError(f"config.{path}: {e}") from None
     if not entries:
         raise ConfigError(f"config.{path} names no environment (comma-separated names of: {', '.join(registry.ENVS)})")
     for name, split, limit in entries:

@@ -3,6 +3,7 @@ optional dependency only matters when its environment is used (and then says how
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import Callable
 
@@ -57,6 +58,31 @@ def check_split(name: str, split: str) -> None:
             raise ValueError(f"tau2 has no domain {domain!r}; domains: {', '.join(TAU2_DOMAINS)}")
     if split not in SPLITS[name]:
         raise ValueError(f"{name} has no split {split!r}; splits: {', '.join(SPLITS[name])}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """One entry of a task spec: an env, its split ("" for the default) and a task count (None: the default)."""
+
+    env: str
+    split: str = ""
+    limit: int | None = None
+
+
+def parse_task_spec(spec: str) -> list[TaskSpec]:
+    """"sciworld:train:4,bfcl" -> [TaskSpec("sciworld", "train", 4), TaskSpec("bfcl")]."""
+    out = []
+    for entry in [n.strip() for n in spec.split(",") if n.strip()]:
+        parts = entry.split(":")
+        if len(parts) > 3:
+            raise ValueError(f"task spec entry {entry!r}: expected env, env:split or env:split:n")
+        name, split, limit = (parts + ["", ""])[:3]
+        try:
+            n = int(limit) if limit.strip() else None
+        except ValueError:
+            raise ValueError(f"task spec entry {entry!r}: the task count {limit!r} is not an integer") from None
+        out.append(TaskSpec(name.strip(), split.strip(), n))
+    return out
 
 
 class MissingEnvDependency(ImportError):

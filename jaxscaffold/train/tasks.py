@@ -7,37 +7,12 @@ A task spec is comma-separated entries "env", "env:split" (another split than th
 
 from __future__ import annotations
 
-import dataclasses
 
 import grain
 
 from jaxscaffold.envs import registry
 from jaxscaffold.envs.base import Task
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskSpec:
-    """One entry of a task spec: an env, its split ("" for the default) and a task count (None: the default)."""
-
-    env: str
-    split: str = ""
-    limit: int | None = None
-
-
-def parse_task_spec(spec: str) -> list[TaskSpec]:
-    """"sciworld:train:4,bfcl" -> [TaskSpec("sciworld", "train", 4), TaskSpec("bfcl")]."""
-    out = []
-    for entry in [n.strip() for n in spec.split(",") if n.strip()]:
-        parts = entry.split(":")
-        if len(parts) > 3:
-            raise ValueError(f"task spec entry {entry!r}: expected env, env:split or env:split:n")
-        name, split, limit = (parts + ["", ""])[:3]
-        try:
-            n = int(limit) if limit.strip() else None
-        except ValueError:
-            raise ValueError(f"task spec entry {entry!r}: the task count {limit!r} is not an integer") from None
-        out.append(TaskSpec(name.strip(), split.strip(), n))
-    return out
+from jaxscaffold.envs.registry import TaskSpec, parse_task_spec  # noqa: F401  (re-exported)
 
 
 def env_names(spec: str) -> list[str]:
