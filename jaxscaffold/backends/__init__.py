@@ -11,7 +11,9 @@ prepared ones), `is_prepared(params)`, `empty_cache(config, batch, max_len, dtyp
 `kv_sharding(config, mesh, rules)`, `hidden_states(params, config, tokens, segment_ids_BT=,
 cache=, window=)` and `unembed(params, config, h)`, `windowed` (whether a call attends over a
 bucketed cache prefix); for training, `with_kernels(config)` (the config carrying its dense /
-gather kernels); for the compiler, `compiler_options()`.
+gather kernels and its attention kernel); for inference without a cache (the embedder),
+`with_attention(config)` ("auto" attention resolved: cuDNN on GPU, splash on one TPU, else
+XLA); for the compiler, `compiler_options()`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from jaxscaffold.backends import accelerator, cpu
 def for_platform(name: str):
     """The backend of a JAX platform name ("cpu", "gpu", "tpu", ...); a sampler's (its
     column blocks, say) comes from `for_sampler`."""
-    return cpu.CPU() if name == "cpu" else accelerator.Accelerator()
+    return cpu.CPU() if name == "cpu" else accelerator.Accelerator(platform=name)
 
 
 @functools.cache
@@ -43,5 +45,6 @@ def for_sampler(layout: str = "auto", *, mesh=None, column_blocks: int | None = 
     if layout == "per_layer":
         return cpu.CPU(column_blocks=cpu.default_column_blocks(mesh) if column_blocks is None else column_blocks)
     if layout == "stacked":
-        return accelerator.Accelerator()
+        platform = current()
+        return platform if isinstance(platform, accelerator.Accelerator) else accelerator.Accelerator()
     raise ValueError(f"unknown sampler layout {layout!r} (per_layer, stacked, auto)")

@@ -6,20 +6,39 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
+
 from jaxscaffold.models import qwen3
 from jaxscaffold.models.config import Qwen3Config
 
 
 @dataclasses.dataclass(frozen=True)
 class Accelerator:
-    """The TPU / GPU backend (no state; hashable, a program key)."""
+    """The TPU / GPU backend (hashable, a program key). `platform` chooses the attention
+    kernel "auto" means: "gpu" cuDNN flash attention (bf16 / f16), "tpu" Pallas splash on one
+    device; "portable" (what plans and FLOP counts compile on fake CPU devices) the XLA kernel."""
 
+    platform: str = "portable"
     name = "accelerator"
     layout = "stacked"
     windowed = False  # a call attends over the whole cache
 
+    def with_attention(self, config: Qwen3Config) -> Qwen3Config:
+        """The config with "auto" attention resolved for this platform."""
+        if config.attention_impl != "auto":
+            return config
+        return config.replace(attention_impl=self.attention_impl(config.compute_dtype, jax.device_count()))
+
+    def attention_impl(self, compute_dtype: str, devices: int) -> str:
+        if self.platform == "gpu" and jnp.dtype(compute_dtype).itemsize == 2:
+            return "cudnn"
+        if self.platform == "tpu" and devices == 1:
+            return "splash"  # under a multi-device mesh a Pallas call needs shard_map; XLA partitions itself
+        return "xla"
+
     def with_kernels(self, config: Qwen3Config) -> Qwen3Config:
-        return config
+        return self.with_attention(config)
 
     def compiler_options(self):
         return None

@@ -356,8 +356,12 @@ class CPU:
     layout = "per_layer"
     windowed = True  # a call attends over the bucketed filled prefix of the cache, not all of it
 
+    def with_attention(self, config: Qwen3Config) -> Qwen3Config:
+        """The config with "auto" attention resolved: the XLA kernel (the only one on CPU)."""
+        return config.replace(attention_impl="xla") if config.attention_impl == "auto" else config
+
     def with_kernels(self, config: Qwen3Config) -> Qwen3Config:
-        return config.replace(kernels=KERNELS)
+        return self.with_attention(config).replace(kernels=KERNELS)
 
     def compiler_options(self):
         return compiler_options()

@@ -118,23 +118,18 @@ def splash_attention(q_BTHK, k_BTGK, v_BTGK, segment_ids_BT, *, interpret: bool 
     return out.transpose(0, 3, 1, 2, 4).reshape(b, tp, h, d)[:, :t].astype(q_BTHK.dtype)
 
 
-def resolve_impl(impl: str, compute_dtype: str) -> str:
-    """Turns "auto" into the best implementation for the default backend and dtype."""
-    if impl != "auto":
-        return impl
-    backend = jax.default_backend()
-    if backend == "gpu" and jnp.dtype(compute_dtype).itemsize == 2:
-        return "cudnn"
-    if backend == "tpu" and jax.device_count() == 1:
-        # Under a multi-device mesh a Pallas call needs shard_map; XLA partitions itself.
-        return "splash"
-    return "xla"
+def portable(impl: str) -> str:
+    """The implementation the model runs for `impl`: "auto" is a platform backend's choice
+    (`jaxscaffold.backends`: `with_attention` turns it into cudnn / splash / xla before the
+    model sees it); left unresolved, the model runs the portable kernel."""
+    return "xla" if impl == "auto" else impl
 
 
 @functools.partial(jax.named_call, name="attention")
 def attend(impl: str, q_BTHK, k_BSGK, v_BSGK, *, q_segment_BT, kv_segment_BS, q_index_BT, kv_index_S):
     """Self-attention of a whole sequence (no cache) with the chosen implementation: queries
     and keys are the same tokens (q_index_BT[:, t] = kv_index_S[t] = t)."""
+    impl = portable(impl)
     if impl == "splash":
         return splash_attention(q_BTHK, k_BSGK, v_BSGK, q_segment_BT)
     mask = attention_mask(q_segment_BT, kv_segment_BS, q_index_BT, kv_index_S)
@@ -142,7 +137,7 @@ def attend(impl: str, q_BTHK, k_BSGK, v_BSGK, *, q_segment_BT, kv_segment_BS, q_
         return cudnn_attention(q_BTHK, k_BSGK, v_BSGK, mask)
     if impl == "xla":  # queries and keys are the same tokens: causal by position
         return causal_attention(q_BTHK, k_BSGK, v_BSGK, mask)
-    raise ValueError(f"unknown attention implementation {impl!r} (xla, cudnn, splash, auto)")
+    raise ValueError(f"unknown attention implementation {impl!r} (xla, cudnn, splash)")
 
 
 def grouped_queries(q_BTHK, g: int):

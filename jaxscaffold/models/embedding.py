@@ -47,9 +47,13 @@ class Qwen3Embedder:
 
     def __init__(self, config: Qwen3Config, params: dict, tokenizer: Tokenizer, *, mesh=None,
                  max_len: int = 512, batch_size: int = 32, min_bucket: int = 32,
-                 rules: ShardingRules = DEFAULT_RULES):
+                 rules: ShardingRules = DEFAULT_RULES, backend=None):
+        """`backend`: a `jaxscaffold.backends` backend, whose `with_attention` picks the
+        platform's attention kernel for "auto" (cuDNN, splash); None, the portable one."""
         if not config.is_embedding:
             raise ValueError("Qwen3Embedder needs an embedding config (is_embedding=True, HF Qwen3Model)")
+        if backend is not None:
+            config = backend.with_attention(config)
         self.config, self.params, self.tokenizer = config, params, tokenizer
         self.max_len, self.batch_size, self.min_bucket = max_len, batch_size, min_bucket
         self.eos = tokenizer.token_id(END_OF_TEXT)

@@ -262,7 +262,7 @@ def sequence_attention(config: Qwen3Config, segment_ids_BT) -> Callable:
     """`attend(q, k, v) -> attn` of whole sequences without a cache: causal within each
     segment (queries and keys are the same tokens)."""
     b, t = segment_ids_BT.shape
-    impl = attention.resolve_impl(config.attention_impl, config.compute_dtype)
+    impl = attention.portable(config.attention_impl)
     index = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     mask_args = dict(q_segment_BT=segment_ids_BT, kv_segment_BS=segment_ids_BT,
                      q_index_BT=index, kv_index_S=jnp.arange(t, dtype=jnp.int32))

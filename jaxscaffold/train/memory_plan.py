@@ -32,7 +32,7 @@ import numpy as np
 from jaxscaffold.backends.accelerator import Accelerator
 from jaxscaffold.buckets import pow2_bucket
 from jaxscaffold.config import RunConfig
-from jaxscaffold.models import attention, qwen3
+from jaxscaffold.models import qwen3
 from jaxscaffold.models.sharding import MeshConfig, make_mesh
 from jaxscaffold.rl.presets import preset
 from jaxscaffold.rl.train_step import (BATCH_AXES, OptimizerConfig, TrainState, batch_shardings, init_train_state,
@@ -193,13 +193,13 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
         grads = params
         activations = max(0, int(stats.temp_size_in_bytes) - grads)
         notes.append(f"train step compiled for {rows} rows x {length} tokens, {positions} trained positions a row")
-        if attention.resolve_impl(config.attention_impl, config.compute_dtype) == "xla":
+        if Accelerator().with_kernels(config).attention_impl == "xla":
             # The portable fallback holds f32 scores of a query block (at most 8 blocks) over its keys.
             rows_dev = -(-rows // (r.micro_batches * data_parallel))
             scores = rows_dev * config.num_heads * -(-length // 8) * length * 4
             notes.append(f"attention compiled as the XLA fallback, whose f32 score blocks take ~{scores / GB:.1f} GB "
-                         "a layer here; it is what a multi-device mesh runs today on every platform "
-                         "(attention.resolve_impl: the Pallas / cuDNN kernels are not wrapped in shard_map)")
+                         "a layer here; a TPU slice runs it under any multi-device mesh (the Pallas "
+                         "splash kernel is not wrapped in shard_map: backends.accelerator)")
     grads = params
 
     # The sampler: rows of this process's share of the groups, its cache as it is built.

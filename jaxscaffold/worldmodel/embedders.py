@@ -110,10 +110,12 @@ def make_embedder(kind: str, path: str = "", *, mesh=None, batch_size: int = 32,
     if kind == "qwen3":
         if not path:
             raise ValueError("the qwen3 embedder needs a local Qwen3-Embedding directory (rwml.embedder_path)")
+        from jaxscaffold import backends
         from jaxscaffold.models.embedding import Qwen3Embedder
         own = qwen3_context(path)
         if max_len > own:
             raise ValueError(f"max_len={max_len} exceeds the model's context of {own} tokens")
-        inner = Qwen3Embedder.from_pretrained(path, mesh=mesh, batch_size=batch_size, max_len=max_len or own)
+        inner = Qwen3Embedder.from_pretrained(path, mesh=mesh, batch_size=batch_size, max_len=max_len or own,
+                                             backend=backends.current())
         return Qwen3TextEmbedder(inner)
     raise ValueError(f"unknown embedder {kind!r} (minilm, qwen3)")

@@ -18,7 +18,9 @@ CONFIG = Qwen3Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_la
 
 def test_the_platform_chooses_the_backend():
     assert backends.for_platform("cpu") == cpu.CPU()
-    assert backends.for_platform("tpu") == backends.for_platform("gpu") == accelerator.Accelerator()
+    assert backends.for_platform("tpu") == accelerator.Accelerator(platform="tpu")
+    assert backends.for_platform("gpu") == accelerator.Accelerator(platform="gpu")
+    assert backends.for_platform("tpu").layout == backends.for_platform("gpu").layout == "stacked"
     assert backends.current() is backends.current() == backends.for_platform(jax.default_backend())
 
 
@@ -41,7 +43,38 @@ def test_equal_samplers_share_one_program_key():
 
 def test_training_kernels_come_from_the_backend():
     assert cpu.CPU().with_kernels(CONFIG).kernels is cpu.KERNELS
-    assert accelerator.Accelerator().with_kernels(CONFIG) == CONFIG and CONFIG.kernels is None
+    assert accelerator.Accelerator().with_kernels(CONFIG).kernels is None and CONFIG.kernels is None
+
+
+@pytest.mark.parametrize("platform, dtype, devices, impl", [
+    ("gpu", "bfloat16", 8, "cudnn"), ("gpu", "float32", 1, "xla"),  # cuDNN flash attention is bf16 / f16 only
+    ("tpu", "float32", 1, "splash"), ("tpu", "bfloat16", 8, "xla"),  # Pallas needs shard_map on a mesh
+    ("portable", "bfloat16", 1, "xla")])
+def test_the_backend_resolves_auto_attention(platform, dtype, devices, impl):
+    assert accelerator.Accelerator(platform=platform).attention_impl(dtype, devices) == impl
+
+
+def test_auto_attention_is_resolved_by_the_backend_not_the_model():
+    """The model reads no platform: "auto" left unresolved runs the portable XLA kernel, and
+    a backend's `with_attention` / `with_kernels` hand the model a concrete one."""
+    assert CONFIG.attention_impl == "auto"
+    for backend in (cpu.CPU(), accelerator.Accelerator()):
+        assert backend.with_attention(CONFIG).attention_impl == "xla"
+        assert backend.with_kernels(CONFIG).attention_impl == "xla"
+    explicit = CONFIG.replace(attention_impl="cudnn")
+    assert accelerator.Accelerator(platform="tpu").with_attention(explicit) is explicit  # a chosen kernel stays
+    params = qwen3.init_params(CONFIG, jax.random.key(1))
+    tokens = jnp.arange(12, dtype=jnp.int32).reshape(2, 6) % CONFIG.vocab_size
+    np.testing.assert_array_equal(qwen3.forward(params, CONFIG, tokens),
+                                  qwen3.forward(params, CONFIG.replace(attention_impl="xla"), tokens))
+
+
+def test_only_backends_and_the_compiler_read_the_platform():
+    import pathlib
+    root = pathlib.Path(backends.__file__).parents[1]
+    readers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                     if "default_backend()" in p.read_text() or "cpu_count()" in p.read_text())
+    assert readers == ["backends/__init__.py", "backends/cpu.py", "compiler.py"], readers
 
 
 def test_the_accelerator_cache_holds_bf16_as_bf16():
