@@ -167,7 +167,12 @@ def _worker_main(conn, factories: Mapping[str, Any], env_kwargs: Mapping[str, Ma
                                  traceback.format_exc())
                     discard(ep)
                     ok = False
-                conn.send(("item", ep, ok, value))
+                try:  # send pickles the whole message before writing, so a failure leaves the pipe clean
+                    conn.send(("item", ep, ok, value))
+                except Exception as e:  # an env result that cannot be pickled: an error, with its cause
+                    discard(ep)
+                    conn.send(("item", ep, False, f"{op} returned a {type(value).__name__} that cannot be "
+                                                  f"sent from the worker ({type(e).__name__}: {e})"))
     finally:
         for insts in slots.values():
             for env in insts:

@@ -2,6 +2,7 @@
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -39,6 +40,8 @@ class FakeEnv:
             os._exit(3)
         if text == "raise":
             raise EnvError("boom")
+        if text == "unpicklable":  # e.g. an env that puts a lock or a generator in `info`
+            return StepResult(Observation(text="x"), reward=0.0, done=False, info={"lock": threading.Lock()})
         return StepResult(Observation(text=f"{self.task.task_id}:{text}:{self.n}"),
                           reward=float(self.n), done=self.n >= self.done_after,
                           info={"pid": os.getpid()})
@@ -116,6 +119,19 @@ def test_crash_and_env_errors(fake_pool):
     obs = pool.reset(_tasks(3) + _tasks(1, fail_reset=True))
     assert [is_failure(o) for o in obs] == [False, False, False, True]
     assert obs[3].kind == "error" and isinstance(obs[3], EpisodeFailure)
+
+
+def test_an_unpicklable_result_is_an_env_error_with_its_cause(fake_pool):
+    """The worker survives a result it cannot send, and says why (it used to die: "worker
+    process died", the cause lost)."""
+    pool = fake_pool
+    pids = pool.worker_pids()
+    pool.reset(_tasks(4))
+    r = pool.step({0: "unpicklable", 1: "ok", 2: "ok", 3: "ok"})
+    assert r[0].kind == "error" and "StepResult" in r[0].reason and "lock" in r[0].reason
+    assert all(isinstance(r[i], StepResult) for i in (1, 2, 3))
+    assert pool.worker_pids() == pids and pool.stats["crashes"] == 0 and pool.stats["env_errors"] == 1
+    assert isinstance(pool.step({2: "ok"})[2], StepResult)  # the same worker goes on
 
 
 def test_lost_episode_not_in_the_failing_call(fake_pool):
