@@ -43,7 +43,6 @@ ResultTransform = Callable[[Any, str, dict, Any], Any]
 _FENCE = re.compile(r"^```[A-Za-z0-9_+-]*\s*\n?(.*?)\n?```$", re.S)
 _LOOKS_LIKE_CALL = re.compile(r"^\s*\[?\s*[A-Za-z_][\w.]*\s*\(")
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
-_THINK = re.compile(r"<think>.*?</think>", re.S)
 
 
 @dataclasses.dataclass
@@ -89,10 +88,13 @@ class CallRecord:
 
 
 def strip_reasoning(text: str) -> str:
-    """Drop Qwen3 `<think>...</think>` blocks (and a leading unclosed reasoning prefix)."""
-    if "</think>" in text:
-        text = text.rsplit("</think>", 1)[1]
-    return _THINK.sub("", text)
+    """The answer after Qwen3's reasoning: reasoning is a prefix (`<think>...</think>`, or an
+    unclosed prefix when the template opened the block in the prompt) and ends at the FIRST
+    `</think>`, as Qwen3's reasoning parsers (vLLM, SGLang) read it; everything after is the
+    answer verbatim, so a `</think>` inside a string argument stays in the call. (Without
+    reasoning, an answer's own first `</think>` is still read as its end, as those parsers do.)"""
+    _, sep, answer = text.partition("</think>")
+    return answer if sep else text
 
 
 # ---------------------------------------------------------------------------------- literals

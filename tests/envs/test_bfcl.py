@@ -501,6 +501,19 @@ def test_non_call_text_ends_the_turn():
         assert r.info["turn_ended"] and r.observation.privileged["turn"] == 1
 
 
+@pytest.mark.parametrize("reasoning", ["<think>\nI will echo it.\n</think>\n\n", "I will echo it.\n</think>\n\n"])
+def test_a_closing_think_tag_inside_an_argument_stays_in_the_call(reasoning):
+    """Reasoning is a prefix that ends at the first </think>: a later one is the answer's
+    (the parser used to cut at the last one, splitting the call)."""
+    py = parse_python_calls(reasoning + "[echo(content='a </think> b'), cd(folder='x')]")
+    assert [(c.name, c.kwargs, c.error) for c in py] == [("echo", {"content": "a </think> b"}, None),
+                                                         ("cd", {"folder": "x"}, None)]
+    block = json.dumps({"name": "echo", "arguments": {"content": "</think> done"}})
+    q = parse_qwen_calls(f"{reasoning}<tool_call>{block}</tool_call>")
+    assert [(c.name, c.kwargs, c.error) for c in q] == [("echo", {"content": "</think> done"}, None)]
+    assert parse_python_calls(reasoning + "All done, </think> was only a word.") is None  # a reply
+
+
 def test_parsers_unit():
     calls = parse_python_calls(
         "```python\n[cd(folder='a'), sort('f.txt'), f(x=-1.5, y=[1, {'k': (2,)}])]\n```")
