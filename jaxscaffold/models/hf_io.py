@@ -193,6 +193,17 @@ def _read_block(info: st.TensorInfo, transpose: bool, index: tuple[slice, ...]) 
     return st.read_block(info, index[0], index[1] if len(index) > 1 else None)
 
 
+def _dtype_name(dtype) -> str:
+    """"bfloat16", jnp.bfloat16 or np.float32 alike -> the dtype's name (what configs hold)."""
+    try:
+        name = jnp.dtype(dtype).name
+    except TypeError:
+        name = None
+    if name not in ("float32", "bfloat16", "float16"):
+        raise CheckpointError(f"unsupported parameter dtype {dtype!r} (float32, bfloat16 or float16)")
+    return name
+
+
 def load_pretrained(path: str, *, dtype: str = "float32", mesh=None,
                     rules: ShardingRules = DEFAULT_RULES, **config_overrides: Any):
     """Loads a local HF Qwen3 directory as `(config, params)`.
@@ -200,7 +211,7 @@ def load_pretrained(path: str, *, dtype: str = "float32", mesh=None,
     Args:
       path: a directory with config.json and safetensors weights (single file or sharded
         with `model.safetensors.index.json`).
-      dtype: parameter dtype on device (`config.param_dtype`).
+      dtype: parameter dtype on device (`config.param_dtype`): a name or a dtype object.
       mesh: place parameters on this mesh under `rules`; default: the first device.
       config_overrides: execution options for the config (compute_dtype, scan_layers, ...).
     """
@@ -209,8 +220,14 @@ def load_pretrained(path: str, *, dtype: str = "float32", mesh=None,
     config_path = os.path.join(path, "config.json")
     if not os.path.exists(config_path):
         raise CheckpointError(f"{path}: no config.json")
-    with open(config_path) as f:
-        hf_config = json.load(f)
+    try:
+        with open(config_path) as f:
+            hf_config = json.load(f)
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        raise CheckpointError(f"{config_path}: unreadable ({type(e).__name__}: {e})") from None
+    if not isinstance(hf_config, dict):
+        raise CheckpointError(f"{config_path}: a JSON {type(hf_config).__name__}, not an object")
+    dtype = _dtype_name(dtype)
     infos = tensor_index(path)
     overrides = dict(param_dtype=dtype, **config_overrides)
     if "is_embedding" not in overrides and "model.embed_tokens.weight" not in infos and "embed_tokens.weight" in infos:

@@ -55,19 +55,32 @@ def read_header(path: str) -> dict[str, TensorInfo]:
             header = json.loads(f.read(n))
         except json.JSONDecodeError as e:
             raise SafetensorsError(f"{path}: unreadable safetensors header ({e})") from None
-    infos = {}
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        if meta["dtype"] not in DTYPES:
-            raise SafetensorsError(f"{path}: tensor {name} has unsupported dtype {meta['dtype']}")
-        begin, end = meta["data_offsets"]
-        info = TensorInfo(path, DTYPES[meta["dtype"]], tuple(meta["shape"]), 8 + n + begin, end - begin)
-        expected = int(np.prod(info.shape, dtype=np.int64)) * info.dtype.itemsize
-        if expected != info.nbytes or 8 + n + end > size:
-            raise SafetensorsError(f"{path}: tensor {name} has inconsistent offsets (file truncated?)")
-        infos[name] = info
-    return infos
+    if not isinstance(header, dict):
+        raise SafetensorsError(f"{path}: the safetensors header is a JSON {type(header).__name__}, not an object")
+    return {name: _tensor_info(path, name, meta, 8 + n, size)
+            for name, meta in header.items() if name != "__metadata__"}
+
+
+def _is_ints(value, count: int | None = None) -> bool:
+    return (isinstance(value, list) and (count is None or len(value) == count)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value))
+
+
+def _tensor_info(path: str, name: str, meta, data_start: int, size: int) -> TensorInfo:
+    """One header entry, checked: a malformed one names the file and the tensor."""
+    if not isinstance(meta, dict) or not {"dtype", "shape", "data_offsets"} <= meta.keys():
+        raise SafetensorsError(f"{path}: tensor {name} needs dtype, shape and data_offsets in the header")
+    if meta["dtype"] not in DTYPES:
+        raise SafetensorsError(f"{path}: tensor {name} has unsupported dtype {meta['dtype']!r}")
+    if not _is_ints(meta["shape"]) or not _is_ints(meta["data_offsets"], 2):
+        raise SafetensorsError(f"{path}: tensor {name} has a malformed shape or data_offsets "
+                               f"({meta['shape']!r}, {meta['data_offsets']!r})")
+    begin, end = meta["data_offsets"]
+    info = TensorInfo(path, DTYPES[meta["dtype"]], tuple(meta["shape"]), data_start + begin, end - begin)
+    expected = int(np.prod(info.shape, dtype=np.int64)) * info.dtype.itemsize
+    if end < begin or expected != info.nbytes or data_start + end > size:
+        raise SafetensorsError(f"{path}: tensor {name} has inconsistent offsets (file truncated?)")
+    return info
 
 
 def read_rows(info: TensorInfo, start: int = 0, stop: int | None = None) -> np.ndarray:

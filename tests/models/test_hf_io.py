@@ -159,3 +159,63 @@ def test_truncated_file(tmp_path):
     with pytest.raises(ValueError) as e:
         hf_io.load_pretrained(str(tmp_path))
     assert "truncated" in _one_line(e) or "exceeds" in str(e.value)
+
+
+def test_parameter_dtype_as_a_name_or_a_dtype(tmp_path):
+    make_hf_model().save_pretrained(tmp_path)
+    by_name = hf_io.load_pretrained(str(tmp_path), dtype="bfloat16")
+    by_object = hf_io.load_pretrained(str(tmp_path), dtype=jnp.bfloat16)
+    assert by_name[0] == by_object[0] and by_object[0].param_dtype == "bfloat16"
+    assert hf_io.load_pretrained(str(tmp_path), dtype=np.float32)[0].param_dtype == "float32"
+    with pytest.raises(CheckpointError) as e:
+        hf_io.load_pretrained(str(tmp_path), dtype="int8")
+    assert "unsupported parameter dtype" in _one_line(e)
+
+
+@pytest.mark.parametrize("text, expected", [("{not json", "config.json: unreadable"),
+                                            ("[1, 2]", "config.json: a JSON list")])
+def test_a_config_json_that_is_not_an_object_names_the_file(tmp_path, text, expected):
+    make_hf_model().save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(CheckpointError) as e:
+        hf_io.load_pretrained(str(tmp_path))
+    assert expected in _one_line(e) and str(tmp_path) in str(e.value)
+
+
+def _with_header(tmp_path, edit):
+    """The tiny checkpoint with its safetensors header rewritten by `edit(header) -> header`."""
+    make_hf_model().save_pretrained(tmp_path)
+    path = tmp_path / "model.safetensors"
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.dumps(edit(json.loads(data[8:8 + n]))).encode()
+    header += b" " * (-len(header) % 8)
+    path.write_bytes(len(header).to_bytes(8, "little") + header + data[8 + n:])
+
+
+def _first(h):
+    return next(k for k in h if k != "__metadata__")
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda h: list(h), "header is a JSON list"),
+    (lambda h: {**h, _first(h): "F32"}, "needs dtype, shape and data_offsets"),
+    (lambda h: {**h, _first(h): {k: v for k, v in h[_first(h)].items() if k != "shape"}}, "needs dtype"),
+    (lambda h: {**h, _first(h): {**h[_first(h)], "shape": "big"}}, "malformed shape"),
+    (lambda h: {**h, _first(h): {**h[_first(h)], "data_offsets": [0]}}, "malformed shape or data_offsets"),
+    (lambda h: {**h, _first(h): {**h[_first(h)], "dtype": "Q4"}}, "unsupported dtype"),
+])
+def test_a_malformed_safetensors_header_names_the_file_and_tensor(tmp_path, edit, expected):
+    _with_header(tmp_path, edit)
+    with pytest.raises(CheckpointError) as e:
+        hf_io.load_pretrained(str(tmp_path))
+    assert expected in _one_line(e) and "model.safetensors" in str(e.value)
+
+
+@pytest.mark.parametrize("index", ['{"weight_map": 3}', '[]', '{"metadata": {}}', 'nope'])
+def test_a_malformed_index_names_the_file(tmp_path, index):
+    make_hf_model().save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(CheckpointError) as e:
+        hf_io.load_pretrained(str(tmp_path))
+    assert "model.safetensors.index.json: unreadable index" in _one_line(e)
