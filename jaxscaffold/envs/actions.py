@@ -32,7 +32,8 @@ import dataclasses
 import re
 import unicodedata
 
-__all__ = ["ParsedAction", "parse_action", "invalid_action_message", "clean_text", "action_of", "action_text"]
+__all__ = ["ParsedAction", "parse_action", "invalid_action_message", "clean_text", "action_of", "action_text",
+           "strip_reasoning"]
 
 DEFAULT_MAX_CHARS = 32_768  # input characters examined (the tail of the text)
 DEFAULT_MAX_ACTION_CHARS = 512  # longest accepted action
@@ -186,3 +187,13 @@ def action_of(text: str) -> str:
 def action_text(action: str) -> str:
     """The text a scripted agent writes to take `action` in an `<action>`-format env."""
     return f"<action>{action}</action>"
+
+
+def strip_reasoning(text: str) -> str:
+    """The answer after Qwen3's reasoning: reasoning is a prefix (`<think>...</think>`, or an
+    unclosed prefix when the template opened the block in the prompt) and ends at the FIRST
+    `</think>`, as Qwen3's reasoning parsers (vLLM, SGLang) read it; everything after is the
+    answer verbatim, so a `</think>` inside a string argument stays in the call. (Without
+    reasoning, an answer's own first `</think>` is still read as its end, as those parsers do.)"""
+    _, sep, answer = text.partition("</think>")
+    return answer if sep else text

@@ -36,6 +36,8 @@ import sys
 import threading
 from typing import Any, Callable, Mapping, Sequence
 
+from jaxscaffold.envs.actions import strip_reasoning
+
 # (instance, method_name, kwargs_view, result) -> result; `result` is the raw return value
 # (a deep copy, so in-place edits cannot reach the backend state) or the raised exception.
 ResultTransform = Callable[[Any, str, dict, Any], Any]
@@ -85,16 +87,6 @@ class CallRecord:
                 "kwargs": dict(self.kwargs), "ok": self.ok, "invalid": self.invalid,
                 "raw_output": self.raw_output, "output": self.output,
                 "oe_output": self.oe_output, "result": self.result}
-
-
-def strip_reasoning(text: str) -> str:
-    """The answer after Qwen3's reasoning: reasoning is a prefix (`<think>...</think>`, or an
-    unclosed prefix when the template opened the block in the prompt) and ends at the FIRST
-    `</think>`, as Qwen3's reasoning parsers (vLLM, SGLang) read it; everything after is the
-    answer verbatim, so a `</think>` inside a string argument stays in the call. (Without
-    reasoning, an answer's own first `</think>` is still read as its end, as those parsers do.)"""
-    _, sep, answer = text.partition("</think>")
-    return answer if sep else text
 
 
 # ---------------------------------------------------------------------------------- literals

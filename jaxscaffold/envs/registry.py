@@ -16,6 +16,7 @@ ENVS = {
     "bfcl": ("jaxscaffold.envs.bfcl", "catalogue", "BFCLEnv", "envs"),
     "alfworld": ("jaxscaffold.envs.alfworld", "catalogue", "ALFWorldEnv", "envs"),
     "tau2": ("jaxscaffold.envs.tau2", "catalogue", "Tau2Env", "tau2"),
+    "jsonl": ("jaxscaffold.envs.jsonl", "catalogue", "JsonlEnv", None),  # split = a .jsonl path
 }
 
 # name: the splits its catalogue takes (listed here so a config is checked without importing
@@ -32,17 +33,32 @@ TAU2_DOMAINS = ("retail", "airline", "telecom")
 
 
 def register(name: str, module: str, env_class: str, *, catalogue: str = "catalogue",
-             splits: tuple[str, ...] | None = None, extra: str | None = None) -> None:
+             splits: tuple[str, ...] | None = None, extra: str | None = None,
+             system_prompt: str | None = None) -> None:
     """Adds an environment from outside the package: `module` (importable, e.g. your own
     `mypkg.myenv`) defines `catalogue(split) -> [Task]` and `env_class` (the Env protocol of
     `envs.base`). `splits`, if given, lets configs be checked before anything is imported;
-    `extra` names the pip extra to suggest when the module's import fails. A config file can
-    call it before returning its config."""
+    `extra` names the pip extra to suggest when the module's import fails; `system_prompt` is
+    the agent's (else the env's reset observations carry theirs). A config file can call it
+    before returning its config; pool workers construct the env from its import path."""
+    if not name.isidentifier():
+        raise ValueError(f"environment name {name!r} must be an identifier (it is a metric and task-spec key)")
     ENVS[name] = (module, catalogue, env_class, extra)
     if splits is not None:
         SPLITS[name] = tuple(splits)
     else:
         SPLITS.pop(name, None)
+    if system_prompt is not None:
+        from jaxscaffold.envs import prompts
+        prompts.SYSTEM_PROMPTS[name] = system_prompt
+
+
+def import_path(name: str) -> str:
+    """"module:Class" of env `name` (what a pool worker imports to build it)."""
+    if name not in ENVS:
+        raise KeyError(f"unknown environment {name!r}; known: {sorted(ENVS)}")
+    module, _, env_class, _ = ENVS[name]
+    return f"{module}:{env_class}"
 
 
 def check_split(name: str, split: str) -> None:

@@ -77,7 +77,8 @@ from tau2.registry import registry as tau2_registry  # noqa: E402
 from tau2.user.user_simulator import UserSimulator  # noqa: E402
 
 from jaxscaffold.envs.base import EnvError, Observation, StepResult, Task  # noqa: E402
-from jaxscaffold.envs.bfcl_calls import ParsedCall, parse_qwen_calls, strip_reasoning  # noqa: E402
+from jaxscaffold.envs.actions import strip_reasoning  # noqa: E402
+from jaxscaffold.envs.bfcl_calls import ParsedCall, parse_qwen_calls  # noqa: E402
 from jaxscaffold.envs.prompts import tau2_system_prompt  # noqa: E402
 
 NAME = "tau2"

@@ -174,3 +174,23 @@ def env_kwargs(kwargs: Mapping[str, Mapping] | None = None) -> dict[str, dict]:
     win, e.g. `{"bfcl": {"oe_transform": None}}` turns BFCL's OE computation off)."""
     kwargs = kwargs or {}
     return {name: {**ENV_HOOKS.get(name, {}), **dict(kwargs.get(name, {}))} for name in {*ENV_HOOKS, *kwargs}}
+
+
+def register_forms(env: str, kind: str, forms: Mapping[str, Form]) -> None:
+    """Adds feedback forms for an environment from outside the package: `kind` "ag" or "oe",
+    `forms` name -> `form(observation, actions_so_far) -> text the agent sees` (reading the
+    observation's privileged state). The first form is the env's default."""
+    if kind not in ("ag", "oe"):
+        raise ValueError(f"feedback kind must be 'ag' or 'oe', got {kind!r}")
+    if not forms or not all(callable(f) for f in forms.values()):
+        raise ValueError(f"{env} {kind}: forms must map names to callables")
+    FORMS[(env, kind)] = dict(forms)
+
+
+def jsonl_hint(obs: Observation, actions: Sequence[str]) -> str:
+    """AG for JSONL tasks: the line's own "hint" field, when it has one."""
+    hint = (obs.privileged.get("item") or {}).get("hint")
+    return f"{obs.text}\nHint: {hint}" if isinstance(hint, str) and hint.strip() else obs.text
+
+
+register_forms("jsonl", "ag", {"hint": jsonl_hint})

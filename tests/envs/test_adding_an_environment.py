@@ -1,0 +1,114 @@
+"""README "Adding an environment", run as written: its files in a fresh directory, its
+commands through the launcher (shortened to a couple of steps), and the JSONL env against
+rewards computed by hand."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from jaxscaffold.envs import jsonl, registry
+from jaxscaffold.envs.base import EnvError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+QUICK = ["--config.steps=2", "--config.eval.every=2", "--config.eval.tasks=2", "--config.eval.max_len=0",
+         "--config.rollout.tasks_per_step=2", "--config.rollout.group_size=2",
+         "--config.rollout.max_new_tokens=8"]
+
+
+def readme_section():
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    return text.split("### Adding an environment", 1)[1].split("\n## ", 1)[0]
+
+
+def files_and_commands(section: str):
+    files = dict(re.findall(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", section, re.S))
+    commands = [c.replace("\\\n", " ") for c in re.findall(r"<!-- run -->\n```bash\n(.*?)```", section, re.S)]
+    return files, commands
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    files, _ = files_and_commands(readme_section())
+    for name, body in files.items():
+        (tmp_path / name).write_text(body)
+    for name in ("launch", "configs"):  # the checkout's root, where the README's commands run
+        os.symlink(os.path.join(ROOT, name), tmp_path / name)
+    return tmp_path
+
+
+def run_command(command: str, cwd, extra: list[str]):
+    env_prefix, _, rest = command.partition(" python ")
+    assert env_prefix == "PYTHONPATH=.", command
+    argv = __import__("shlex").split(rest) + extra
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), ROOT])}
+    return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_the_readme_section_has_its_files_and_commands():
+    files, commands = files_and_commands(readme_section())
+    assert set(files) == {"my_tasks.jsonl", "myrewards.py", "countdown.py", "countdown_config.py"}
+    assert len(commands) == 2 and all("launch/tpu_train.py" in c for c in commands)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", [0, 1], ids=["jsonl", "own_env_class"])
+def test_the_readme_commands_train_and_evaluate(workdir, which):
+    _, commands = files_and_commands(readme_section())
+    out = run_command(commands[which], workdir, QUICK + ["--config.out_dir=run"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    metrics = [json.loads(line) for line in open(workdir / "run" / "metrics.jsonl")]
+    env = "jsonl" if which == 0 else "countdown"
+    assert any(f"eval/success_{env}" in m or any(k.startswith(f"eval/{env}") for k in m) for m in metrics), metrics[-1]
+    assert any("rollout/reward" in m for m in metrics)
+
+
+def test_jsonl_tasks_and_rewards(workdir):
+    tasks = registry.catalogue("jsonl", str(workdir / "my_tasks.jsonl"))
+    assert [t.task_id for t in tasks] == ["add-1", "add-2"] and tasks[1].spec["category"] == "small"
+    sys.path.insert(0, str(workdir))
+    try:
+        env = jsonl.JsonlEnv(reward="myrewards:first_number_or_words", max_attempts=2)
+        obs = env.reset(tasks[0])
+        assert obs.text.startswith("What is 17 + 25?") and obs.system_prompt
+        first = env.step("<think>17 + 25 is 42</think>It is 41")  # the reasoning is not the answer
+        assert (first.done, first.reward, first.observation.text) == (False, 0.0, jsonl.RETRY)
+        second = env.step("42")
+        assert second.done and second.reward == 1.0 and second.info == {"won": True, "score": 1.0, "attempts": 2}
+        env.reset(tasks[1])
+        last = env.step("thirteen")  # neither the number nor a number: 0, and one attempt left
+        assert not last.done and env.step("7").reward == 0.2  # the best attempt's reward
+    finally:
+        sys.path.remove(str(workdir))
+
+
+def test_builtin_rewards_and_bad_input(tmp_path):
+    assert jsonl.exact_match("  The Answer. ", {"answer": "the answer"}) == 1.0
+    assert jsonl.exact_match("b", {"answer": ["a", "b"]}) == 1.0 and jsonl.exact_match("c", {"answer": "a"}) == 0.0
+    assert jsonl.last_number("so 3, then 1,250.0", {"answer": "1250"}) == 1.0
+    assert jsonl.last_number("no number", {"answer": "3"}) == 0.0
+    bad = tmp_path / "bad.jsonl"
+    for text, message in (('{"prompt": "a"}\nnot json\n', "bad.jsonl:2: not JSON"),
+                          ('{"question": "a"}\n', "needs a non-empty string \"prompt\""),
+                          ('{"id": 1, "prompt": "a"}\n{"id": 1, "prompt": "b"}\n', "appears more than once")):
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            jsonl.catalogue(str(bad))
+    with pytest.raises(ValueError, match="not found"):
+        jsonl.catalogue(str(tmp_path / "none.jsonl"))
+    with pytest.raises(ValueError, match="cannot be imported"):
+        jsonl.JsonlEnv(reward="nosuchmodule:f")
+    env = jsonl.JsonlEnv(reward="tests.envs.test_adding_an_environment:returns_text")
+    bad.write_text('{"prompt": "a"}\n')
+    env.reset(jsonl.catalogue(str(bad))[0])
+    with pytest.raises(EnvError, match="expected a finite number"):
+        env.step("x")
+
+
+def returns_text(answer, item):
+    return "1.0"
