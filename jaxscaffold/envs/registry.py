@@ -66,6 +66,8 @@ def check_split(name: str, split: str) -> None:
     without its splits takes any; its catalogue says)."""
     if name not in ENVS:
         raise ValueError(f"unknown environment {name!r}; known: {', '.join(ENVS)}")
+    if name == "jsonl" and not split.endswith(".jsonl"):
+        raise ValueError(f"jsonl's split is a path to a .jsonl file (jsonl:PATH[:N]), got {split!r}")
     if name not in SPLITS:
         return
     if name == "tau2" and "/" in split:

@@ -16,6 +16,12 @@ def test_split_table_matches_the_env_module(name):
         own = (*module.SPLITS, *module.SPLIT_ALIASES)
     elif name == "letters":
         own = ("train", "test")
+    elif name == "jsonl":  # a split is a path to a .jsonl file
+        assert name not in registry.SPLITS
+        registry.check_split(name, "data/my_tasks.jsonl")
+        with pytest.raises(ValueError, match="a path to a .jsonl file"):
+            registry.check_split(name, "train")
+        return
     else:
         own = module.SPLITS
     assert tuple(registry.SPLITS[name]) == tuple(own)
