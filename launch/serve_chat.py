@@ -1,10 +1,12 @@
-"""Serve a local HF model on an OpenAI-compatible loopback endpoint with our sampler.
+"""Serve a model on an OpenAI-compatible loopback endpoint with our sampler.
 
     python launch/serve_chat.py --hf /ckpt/Qwen3-8B --port 8011
+    python launch/serve_chat.py --preset tiny           # a random tiny model: try the API offline
 
-For environments that need a second model, e.g. tau2-bench's user simulator:
-`--config.envs.env_kwargs` can then give tau2 `user=ChatEndpointUser("http://127.0.0.1:8011/v1")`
-(see jaxscaffold/envs/tau2.py).
+Routes: `POST /v1/chat/completions` (concurrent requests batched into the sampler's slots;
+`"stream": true` gives server-sent chunks) and `GET /v1/models`. For environments that need a
+second model, e.g. tau2-bench's user simulator: `--config.envs.env_kwargs='{"tau2": {"user":
+"http://127.0.0.1:8011/v1"}}'` (see jaxscaffold/envs/tau2.py).
 """
 
 from __future__ import annotations
@@ -17,25 +19,47 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def main() -> None:
+def build_server(args):
+    """The ChatServer of the parsed arguments (a checkpoint, or a preset's random weights)."""
+    from jaxscaffold.rollout.chat_server import ChatServer
+    options = dict(host=args.host, port=args.port, max_len=args.max_len, slots=args.slots,
+                   enable_thinking=args.thinking)
+    if args.hf:
+        return ChatServer.from_pretrained(args.hf, compute_dtype=args.dtype, model_name=args.hf, **options)
+    import jax
+
+    from jaxscaffold.models import config as model_config, qwen3
+    from jaxscaffold.models.tokenizer import load_tokenizer
+    config = (model_config.tiny(compute_dtype=args.dtype) if args.preset == "tiny"
+              else model_config.preset(args.preset, compute_dtype=args.dtype))
+    params = qwen3.init_params(config, jax.random.key(args.seed))
+    return ChatServer(config, params, load_tokenizer(None), model_name=f"{args.preset}-random", **options)
+
+
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hf", required=True, help="a local HF model directory (with its tokenizer)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--hf", help="a local HF model directory (with its tokenizer)")
+    source.add_argument("--preset", help="random weights of a preset (tiny, qwen3-0.6b, ...) with the Qwen3 vocabulary")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8011)
-    p.add_argument("--max-len", type=int, default=8192)
+    p.add_argument("--max-len", type=int, default=8192, help="prompt + reply tokens of a request, at most")
+    p.add_argument("--slots", type=int, default=8, help="requests generated together, at most")
     p.add_argument("--dtype", default="bfloat16", help="compute dtype")
-    args = p.parse_args()
-    logging.basicConfig(level=logging.INFO)
+    p.add_argument("--thinking", action="store_true", help="let the model reason before replying")
+    p.add_argument("--seed", type=int, default=0, help="the random weights' seed (--preset)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
     from jaxscaffold.models.hf_io import CheckpointError
-    from jaxscaffold.rollout.chat_server import ChatServer
     try:
-        server = ChatServer.from_pretrained(args.hf, compute_dtype=args.dtype, host=args.host, port=args.port,
-                                            max_len=args.max_len)
-    except (CheckpointError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
-    print(f"serving {args.hf} on {server.base_url}/chat/completions (Ctrl-C stops)", flush=True)
+        server = build_server(args)
+    except (CheckpointError, ValueError, KeyError, OSError) as e:
+        print(f"error: {e.args[0] if isinstance(e, KeyError) else e}", file=sys.stderr)
+        sys.exit(2)
+    print(f"serving {args.hf or args.preset} on {server.base_url}/chat/completions, {args.slots} slots "
+          "(Ctrl-C stops)", flush=True)
     try:
-        server.httpd.serve_forever()
+        server.serve_forever()
     except KeyboardInterrupt:
         server.stop()
 
