@@ -16,6 +16,7 @@ SYSTEM_PROMPTS = {
     "letters": "You are a writer. Answer with text only.",
     "sciworld": "You are an agent in ScienceWorld, a text-based science laboratory. " + ACTION_FORMAT,
     "alfworld": "You are an agent in a household (ALFWorld). " + ACTION_FORMAT,
+    "rooms": "You are an agent in a house of coloured rooms. Reply with one action.",
     "bfcl": "You are an assistant that completes the user's requests by calling the provided functions.",
     # The generic part only: the full tau2 prompt (its policy, tools) is per task, see below.
     "tau2": ("You are a customer service agent that helps the user according to the domain "

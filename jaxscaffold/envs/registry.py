@@ -17,6 +17,7 @@ ENVS = {
     "alfworld": ("jaxscaffold.envs.alfworld", "catalogue", "ALFWorldEnv", "envs"),
     "tau2": ("jaxscaffold.envs.tau2", "catalogue", "Tau2Env", "tau2"),
     "jsonl": ("jaxscaffold.envs.jsonl", "catalogue", "JsonlEnv", None),  # split = a .jsonl path
+    "rooms": ("jaxscaffold.envs.rooms", "catalogue", "RoomsEnv", None),  # the CPU testbed for FEE
 }
 
 # name: the splits its catalogue takes (listed here so a config is checked without importing
@@ -28,6 +29,7 @@ SPLITS = {
     "alfworld": ("train", "valid_seen", "valid_unseen", "eval_in_distribution", "eval_out_of_distribution",
                  "in_distribution", "out_of_distribution"),
     "tau2": ("train", "test", "base"),
+    "rooms": ("train", "test"),
 }
 TAU2_DOMAINS = ("retail", "airline", "telecom")
 

@@ -194,3 +194,19 @@ def jsonl_hint(obs: Observation, actions: Sequence[str]) -> str:
 
 
 register_forms("jsonl", "ag", {"hint": jsonl_hint})
+
+
+def rooms_ag(obs: Observation, actions: Sequence[str]) -> str:
+    """The rooms testbed: the first action of a shortest plan from the current state."""
+    nxt = obs.privileged.get("next_walkthrough_action")
+    return f"{obs.text}\nHint: {nxt}" if nxt else obs.text
+
+
+def rooms_oe(obs: Observation, actions: Sequence[str]) -> str:
+    goals = obs.privileged.get("goals") or []
+    items = [(g["description"], g["done"]) for g in goals]
+    return f"{obs.text}\n[Task progress]\n{checklist(items)}" if items else obs.text
+
+
+register_forms("rooms", "ag", {"paper": rooms_ag})
+register_forms("rooms", "oe", {"checklist": rooms_oe})

@@ -36,3 +36,8 @@ def test_unknown_env_is_a_clear_error():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "eval.py"), "--env", "nope", "--split", "x"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "unknown environment 'nope'" in out.stderr
+
+
+@pytest.mark.slow
+def test_gold_policy_wins_the_rooms_testbed():
+    assert _eval("rooms", "test", 16) == {"env": "rooms", "split": "test", "episodes": 16, "success_rate": 1.0}
