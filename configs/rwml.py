@@ -40,6 +40,7 @@ def rwml_fields() -> ConfigDict:
     w.judge_path = ""  # judge_*: a local HF chat model directory
     w.tau_d = 0.14  # RL reward: 1 if 1 - cos < tau_d (paper, Qwen3-Embedding-8B: 0.2; calibrated for minilm)
     w.export_dir = ""  # HF export for stage 2 (empty: out_dir/hf)
+    w.epochs = 2.0  # passes over the filtered training triples (the paper: 2); sets the steps (0: `steps` as given)
     w.filter = ConfigDict()
     w.filter.enabled = True  # the difficulty filter (off: the "w/o subsample" ablation)
     w.filter.sft_share = 0.1  # share of the training triples the light predictor is fine-tuned on
@@ -57,7 +58,7 @@ def get_config():
     c = base.get_config()
     c.job = "rwml"  # world-model RL (stage 1)
     c.out_dir = "runs/rwml"
-    c.steps = 100  # about 2 epochs of ~1600 filtered triples at 32 per step (the paper: 2 epochs)
+    c.steps = 100  # used only with rwml.epochs = 0; else the steps are epochs x filtered triples / tasks_per_step
     c.model.preset = "qwen3-8b"  # set model.hf_path to a local checkpoint (the paper: Qwen2.5-7B-Instruct / Qwen3-8B)
     c.rl.algorithm = "grpo"
     c.rl.lr = 1e-6

@@ -18,6 +18,7 @@ def get_config():
     c = rwml.get_config()
     c.out_dir = "runs/rwml_tiny"
     c.steps = 20
+    c.rwml.epochs = 0  # a demo: the 20 steps as given
     c.model.preset = "tiny"
     c.model.compute_dtype = "float32"
     c.model.cache_dtype = "float32"

@@ -158,6 +158,7 @@ class RWML:
     tau_d: float
     export_dir: str
     filter: Filter
+    epochs: float = 2.0  # 0: `steps` as configured
 
 
 @dataclasses.dataclass(frozen=True)
@@ -403,6 +404,7 @@ def _check_rwml(cfg: RunConfig) -> None:
     _range("rwml.collect_temperature", w.collect_temperature, 0.0)
     _range("rwml.explore_gold_prob", w.explore_gold_prob, 0.0, 1.0)
     _range("rwml.heldout_share", w.heldout_share, 0.0, 1.0, strict=True)
+    _range("rwml.epochs", w.epochs, 0.0)
     _range("rwml.tau_d", w.tau_d, 0.0, 2.0, strict=True)
     if w.embedder == "qwen3" and w.reward == "embedding" and not w.embedder_path:
         raise ConfigError("config.rwml.embedder='qwen3' needs rwml.embedder_path (a local Qwen3-Embedding HF dir)")

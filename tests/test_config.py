@@ -128,6 +128,12 @@ def test_ranges_and_dependent_fields(override, match):
         build(base(), override)
 
 
+def test_rwml_ranges():
+    with pytest.raises(ConfigError, match=r"rwml.epochs=-1.0 must be >= 0.0"):
+        build(rwml(), "rwml.epochs=-1")
+    assert build(rwml(), "rwml.epochs=0.5").rwml.epochs == 0.5
+
+
 def test_dict_form_is_checked_like_the_configdict():
     d = base().to_dict()
     d["rl"]["lr"] = "fast"

@@ -58,10 +58,12 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
         history = extra["history"]
         log.info("resumed from step %d", start)
     # One process writes the logs (every process holds the same, gathered, metrics).
-    logger = MetricLogger(out, total_steps=cfg.steps, start=start, write=jax.process_index() == 0)
+    # A workload may derive the run's length from its data (RWML: epochs over the triples).
+    steps = work.total_steps(cfg.steps) if hasattr(work, "total_steps") else cfg.steps
+    logger = MetricLogger(out, total_steps=steps, start=start, write=jax.process_index() == 0)
     peak = max((h.get("eval/success", -1.0) for h in history), default=-1.0)
     try:
-        for step in range(start + 1, cfg.steps + 1):
+        for step in range(start + 1, steps + 1):
             t0 = time.perf_counter()
             episodes, stats = work.collect(job, state.params, step)
             t1 = time.perf_counter()
@@ -78,7 +80,7 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
                 metrics["eval/success_peak"] = peak
             history.append(metrics)
             logger.log(step, metrics)
-            if step % cfg.checkpoint.every == 0 or step == cfg.steps:
+            if step % cfg.checkpoint.every == 0 or step == steps:
                 ckpt.save(step, state, {"step": step, "workload": work.get_state(), "history": history,
                                         "config": cfg.to_dict()})
         ckpt.wait()

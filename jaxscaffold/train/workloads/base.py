@@ -30,5 +30,8 @@ class Workload(Protocol):
     def close(self) -> None:
         """Releases what the workload holds (environment workers)."""
 
+    # Optional: `total_steps(configured: int) -> int`, the run's length when the workload
+    # derives it from its data (RWML's epochs over the filtered triples); else `cfg.steps`.
+
 
 WorkloadFactory = Callable[[Job, Any], Workload]

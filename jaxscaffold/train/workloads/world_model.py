@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 from typing import Any, Sequence
 
@@ -121,6 +122,18 @@ def heldout_split(triples: Sequence[Triple], share: float, seed: int) -> tuple[l
             [t for t in triples if (t.env, t.task_id) in held])
 
 
+def epoch_steps(triples: int, batch: int, epochs: float) -> int:
+    """Steps that pass `epochs` times over `triples` training triples, `batch` a step."""
+    return max(1, math.ceil(epochs * triples / batch))
+
+
+def evaluation_sample(heldout: Sequence[Triple], n: int, seed: int) -> list[Triple]:
+    """`n` held-out triples drawn without replacement across all held-out tasks (all of them
+    when there are fewer), in a seeded order that stays fixed for the run."""
+    order = np.random.default_rng(seed).permutation(len(heldout))[: min(n, len(heldout))]
+    return [heldout[i] for i in sorted(order)]
+
+
 def prepare_data(job: Job, params, reward_fn) -> WorldModelData:
     """Collects, splits and filters the triples once; later calls (a resumed run) read them
     back from out_dir/triples.jsonl so the data set never changes under a run."""
@@ -147,9 +160,13 @@ def prepare_data(job: Job, params, reward_fn) -> WorldModelData:
            for t in triples_lib.from_trajectory(e.task.env, e.task.task_id, e.observations, e.actions)]
     unique = triples_lib.dedupe(raw)
     stats = {**triples_lib.statistics(raw, unique), "triples/infra_failures": float(failures)}
+    # An empty next state (e.g. an episode's last step in some envs) can never be predicted
+    # closely by the reward's measure: it would only ever be "hard". Dropped, and counted.
+    stated = [t for t in unique if t.next_state.strip()]
+    stats["triples/empty_next_state"] = float(len(unique) - len(stated))
     chat = Qwen3ChatRenderer(job.tokenizer)
-    fitting = [t for t in unique if _fits(chat, t, cfg)]
-    stats["triples/too_long"] = float(len(unique) - len(fitting))
+    fitting = [t for t in stated if _fits(chat, t, cfg)]
+    stats["triples/too_long"] = float(len(stated) - len(fitting))
     train, heldout = heldout_split(fitting, w.heldout_share, seeds.derive(cfg.seed, "heldout"))
     if not train or not heldout:
         raise ValueError(f"too few triples to train and evaluate on ({len(train)} train, {len(heldout)} held out): "
@@ -304,9 +321,12 @@ class WorldModelWorkload:
     def __init__(self, job: Job, params):
         self.reward_fn = make_reward(job)
         self.data = prepare_data(job, params, self.reward_fn)
+        self.eval_triples = evaluation_sample(self.data.heldout, job.cfg.eval.tasks,
+                                              seeds.derive(job.cfg.seed, "heldout", 1))
         self.stream = TaskStream(self.data.train, seed=seeds.derive(job.cfg.seed, "tasks"))
         self.chat = Qwen3ChatRenderer(job.tokenizer)
         self.reported = False
+        self.epochs, self.batch = job.cfg.rwml.epochs, job.cfg.rollout.tasks_per_step
 
     def collect(self, job: Job, params, step: int) -> tuple[list[Episode], dict]:
         """This process's share of the step's triples (all of them on one process), each with
@@ -336,7 +356,7 @@ class WorldModelWorkload:
     def evaluate(self, job: Job, params, step: int) -> dict[str, float]:
         """Greedy answers on the held-out triples (each process its share), metrics over all."""
         w = job.cfg.rwml
-        everyone = self.data.heldout[: job.cfg.eval.tasks]
+        everyone = self.eval_triples
         heldout = [everyone[i] for i in process_share(len(everyone))]
         answers = sample_answers(job, sampler_params(params), heldout, samples=1,
                                  seed=seeds.derive(job.cfg.seed, "eval"), greedy=True)
@@ -346,6 +366,10 @@ class WorldModelWorkload:
         rewards, distances = np.asarray([x for part in parts for x in part]).reshape(-1, 2).T
         return {"eval/success": float(rewards.mean()), **_distance_metrics(distances, w.tau_d, "eval"),
                 **_chunk_metrics(counts, "eval")}
+
+    def total_steps(self, configured: int) -> int:
+        """`rwml.epochs` passes over the filtered training triples (`configured` when 0)."""
+        return configured if self.epochs <= 0 else epoch_steps(len(self.data.train), self.batch, self.epochs)
 
     def get_state(self) -> dict:
         return {"data": self.stream.get_state()}
@@ -400,7 +424,7 @@ def train_wm_sft(cfg) -> dict[str, Any]:
     cfg = config_lib.typed(cfg)
     job, state = build_job(cfg)
     work = WorldModelWorkload(job, state.params)
-    steps = cfg.steps
+    steps = work.total_steps(cfg.steps)
     logger = MetricLogger(cfg.out_dir, total_steps=steps)
     params = sft_on(job, state.params, work.data.train, steps=steps, batch_size=cfg.rollout.tasks_per_step,
                     lr=cfg.rl.lr, seed=seeds.derive(cfg.seed, "sft"), logger=logger, prefix="train")

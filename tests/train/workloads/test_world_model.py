@@ -86,3 +86,30 @@ def test_wm_sft_baseline_fits_the_next_states(tmp_path, alfworld_env):
     assert len(nll) == 8 and np.mean(nll[-3:]) < 0.85 * np.mean(nll[:3]), nll
     assert "eval/wm_accuracy" in out["history"][-1]
     assert os.path.exists(tmp_path / "sft_hf" / "config.json")
+
+
+def test_epochs_set_the_steps_from_the_filtered_triples():
+    from jaxscaffold.train.workloads.world_model import epoch_steps
+    assert epoch_steps(1600, 32, 2.0) == 100  # the paper's "2 epochs" of ~1,600 triples
+    assert epoch_steps(22_500, 32, 2.0) == 1407  # what a full collection can yield
+    assert epoch_steps(3, 32, 2.0) == 1 and epoch_steps(33, 32, 1.0) == 2
+
+
+def test_the_evaluation_sample_spans_the_held_out_tasks():
+    from jaxscaffold.train.workloads.world_model import evaluation_sample
+    from jaxscaffold.worldmodel.triples import Triple
+    heldout = [Triple("alfworld", f"task{t}", (), f"s{t}.{i}", "go", f"n{t}.{i}") for t in range(10) for i in range(30)]
+    sample = evaluation_sample(heldout, 32, seed=5)
+    assert len(sample) == len({t.key() for t in sample}) == 32
+    assert len({t.task_id for t in sample}) >= 8  # the first 32 in episode order hold 2 tasks
+    assert sample == evaluation_sample(heldout, 32, seed=5) != evaluation_sample(heldout, 32, seed=6)
+    assert evaluation_sample(heldout[:5], 32, seed=5) == heldout[:5]
+
+
+@pytest.mark.slow
+def test_wm_sft_runs_for_its_epochs(tmp_path, alfworld_env):
+    from jaxscaffold.train.workloads.world_model import train_world_model
+    out = train_world_model(stage1_config(tmp_path / "sft", steps=99, **{
+        "rwml.objective": "sft", "rwml.epochs": 1.5, "rwml.export_dir": str(tmp_path / "sft_hf")}))
+    last = out["history"][-1]
+    assert last["step"] == int(np.ceil(1.5 * last["triples/train"] / 2)) != 99 and last["triples/empty_next_state"] >= 0
