@@ -17,6 +17,7 @@ def get_config():
     c.rwml.rollouts_per_task = 6
     c.rwml.collect_tasks = 200
     c.rwml.embedder = "qwen3"  # the paper's thresholds below are for Qwen3-Embedding-8B: set rwml.embedder_path
+    c.rwml.reward = "embedding"  # the paper's (distance only): tau2's JSON states would need every value exact under embedding_facts
     c.rwml.tau_d = 0.4
     c.rwml.filter.tau_d = 0.15
     c.model.preset = "qwen3-8b"

@@ -150,7 +150,7 @@ class RWML:
     heldout_share: float
     history_window: int
     max_obs_chars: int
-    reward: Literal["embedding", "judge_binary", "judge_continuous"]
+    reward: Literal["embedding", "embedding_facts", "judge_binary", "judge_continuous"]
     embedder: Literal["minilm", "qwen3"]
     embedder_path: str
     embedder_batch: int
@@ -406,9 +406,10 @@ def _check_rwml(cfg: RunConfig) -> None:
     _range("rwml.heldout_share", w.heldout_share, 0.0, 1.0, strict=True)
     _range("rwml.epochs", w.epochs, 0.0)
     _range("rwml.tau_d", w.tau_d, 0.0, 2.0, strict=True)
-    if w.embedder == "qwen3" and w.reward == "embedding" and not w.embedder_path:
+    embedding = w.reward in ("embedding", "embedding_facts")
+    if w.embedder == "qwen3" and embedding and not w.embedder_path:
         raise ConfigError("config.rwml.embedder='qwen3' needs rwml.embedder_path (a local Qwen3-Embedding HF dir)")
-    if w.reward != "embedding" and not w.judge_path:
+    if not embedding and not w.judge_path:
         raise ConfigError(f"config.rwml.reward={w.reward!r} needs rwml.judge_path (a local HF chat model dir)")
     p = w.filter
     for name in ("sft_steps", "sft_batch", "samples"):

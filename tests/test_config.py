@@ -68,7 +68,7 @@ ENUMS = [
 RWML_ENUMS = [
     ("rwml.objective", "ppo", ["rl", "sft"]),
     ("rwml.collect_policy", "random", ["model", "explore"]),
-    ("rwml.reward", "judge", ["embedding", "judge_binary", "judge_continuous"]),
+    ("rwml.reward", "judge", ["embedding", "embedding_facts", "judge_binary", "judge_continuous"]),
     ("rwml.embedder", "bert", ["minilm", "qwen3"]),
 ]
 

@@ -1,6 +1,8 @@
 """World-model rewards: 1 when the prediction is close to the real next state, else 0.
 
 Embedding reward (the paper's): d = 1 - cos(E(prediction), E(next state)); r = 1 if d < tau_d.
+`embedding_facts` (ours, for embedders that cannot see one wrong fact, MiniLM among them): the
+same, and the prediction's checkable facts must equal the state's (`facts.py`).
 An answer without a well-formed `<next_state>` gets reward 0 and distance 2 (the maximum).
 The LLM-judge reward (an ablation of the paper) asks a chat model whether the two states match.
 
@@ -28,6 +30,7 @@ import numpy as np
 
 from jaxscaffold.worldmodel.chunking import split_text
 from jaxscaffold.worldmodel.embedders import Embedder, TokenLimited
+from jaxscaffold.worldmodel.facts import same_facts
 from jaxscaffold.worldmodel.task import parse_prediction
 
 MAX_DISTANCE = 2.0  # 1 - cos for opposite vectors: what an unparsable answer scores
@@ -35,7 +38,8 @@ MAX_DISTANCE = 2.0  # 1 - cos for opposite vectors: what an unparsable answer sc
 # max_chunks: the most chunks of one text (1 when nothing was chunked, 0 for no text);
 # truncated_texts: texts with a chunk still over the limit, which the embedder cut (should be 0);
 # chunk_mismatches: pairs whose chunk counts differ, scored MAX_DISTANCE.
-CHUNK_COUNTS = ("chunked_texts", "max_chunks", "truncated_texts", "chunk_mismatches")
+# fact_mismatches (the embedding_facts reward): predictions within tau_d whose facts were wrong.
+CHUNK_COUNTS = ("chunked_texts", "max_chunks", "truncated_texts", "chunk_mismatches", "fact_mismatches")
 
 
 def chunk_texts(embedder: Embedder, texts: Sequence[str]) -> tuple[list[list[str]], dict[str, int]]:
@@ -98,6 +102,18 @@ def embedding_rewards_with_counts(embedder: Embedder, answers: Sequence[str], ta
     distances = np.full(len(answers), MAX_DISTANCE)
     distances[ok], counts = chunked_distances(embedder, [parsed[i] for i in ok], [targets[i] for i in ok])
     return (distances < tau_d).astype(np.float64), distances, counts
+
+
+def embedding_facts_rewards_with_counts(embedder: Embedder, answers: Sequence[str], targets: Sequence[str],
+                                        tau_d: float) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+    """`embedding_rewards_with_counts`, and a prediction whose facts (`facts.state_facts`:
+    object ids, asserted states, outcomes; a JSON state's values) differ from the real next
+    state's scores 0 whatever its distance; counted as `fact_mismatches`."""
+    rewards, distances, counts = embedding_rewards_with_counts(embedder, answers, targets, tau_d)
+    parsed = [parse_prediction(a) for a in answers]
+    wrong = np.asarray([p is not None and not same_facts(p, t) for p, t in zip(parsed, targets)], bool)
+    counts = {**counts, "fact_mismatches": int(np.sum(wrong & (rewards > 0)))}
+    return np.where(wrong, 0.0, rewards), distances, counts
 
 
 def embedding_rewards(embedder: Embedder, answers: Sequence[str], targets: Sequence[str], tau_d: float

@@ -276,10 +276,11 @@ def make_reward(job: Job):
     """`reward_fn(answers, targets, tau_d) -> (rewards, distances, counts)` from the config;
     `counts` are the embedding reward's chunking counts (`reward.CHUNK_COUNTS`; a judge has none)."""
     w = job.cfg.rwml
-    if w.reward == "embedding":
+    if w.reward in ("embedding", "embedding_facts"):
         embedder = make_embedder(w.embedder, w.embedder_path, mesh=job.mesh, batch_size=w.embedder_batch)
-        return lambda answers, targets, tau_d: reward_lib.embedding_rewards_with_counts(
-            embedder, answers, targets, tau_d)
+        score = (reward_lib.embedding_rewards_with_counts if w.reward == "embedding"
+                 else reward_lib.embedding_facts_rewards_with_counts)
+        return lambda answers, targets, tau_d: score(embedder, answers, targets, tau_d)
     judge = reward_lib.JudgeReward(_judge_chat(job), mode=w.reward.removeprefix("judge_"))
 
     def judged(answers, targets, tau_d):
