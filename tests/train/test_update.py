@@ -21,7 +21,8 @@ def _episode(group, reward, n_tokens=3):
 
 
 def _job(ppo_epochs, num_minibatches, train_step):
-    cfg = ConfigDict({"rl": {"ppo_epochs": ppo_epochs, "num_minibatches": num_minibatches},
+    cfg = ConfigDict({"rl": {"ppo_epochs": ppo_epochs, "num_minibatches": num_minibatches, "minibatch_rows": 0,
+                             "recompute_old_logprobs": False, "tis_cap": 0.0},
                       "rollout": {"max_new_tokens": 8}})
     return Job(cfg, mesh=None, model_config=None, tokenizer=None, sampler=None, eval_sampler=None,
                train_step=train_step, algo=preset("grpo"), row_multiple=1)
