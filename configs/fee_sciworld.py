@@ -39,7 +39,7 @@ def get_config():
     c.eval.max_turns = 15  # validation with the training horizon
     c.eval.tasks = 128  # VAL_SIZE=128
     c.eval.every = 5  # trainer.test_freq=5
-    c.rl.minibatch_rows = 128  # ppo_mini_batch_size = TRAIN_SIZE * GROUP_SIZE rows
+    c.rl.minibatch_rows = 128  # ppo_mini_batch_size = TRAIN_SIZE * GROUP_SIZE rows: ceil(rows / 128) optimizer steps
     c.rl.recompute_old_logprobs = True  # the actor's old log-probs, not the sampler's
     c.rl.tis_cap = 0.0  # the reference has no TIS correction
     c.rl.dynamic_sampling_exhausted = "continue"
