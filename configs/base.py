@@ -39,7 +39,7 @@ def get_config() -> ConfigDict:
     c.rl.entropy_coef = 0.0  # entropy bonus weight
     c.rl.minibatch_rows = 0  # rows per optimizer step: ceil(rows / this) near-equal mini-batches (the reference: 128 step rows); 0: rl.num_minibatches
     c.rl.recompute_old_logprobs = False  # True: the trainer recomputes the old log-probs before the updates (the reference, verl); False: the sampler's
-    c.rl.tis_cap = 0.0  # truncated importance sampling: token loss x min(pi_trainer_old / pi_sampler, cap); 0: off (needs recompute_old_logprobs)
+    c.rl.tis_cap = 0.0  # truncated importance sampling: token loss x min(pi_trainer_old / pi_sampler, cap), e.g. 2 (Yao et al.); 0: off (needs recompute_old_logprobs)
     c.rl.dynamic_sampling_exhausted = "continue"  # DAPO after max_num_gen_batches: continue (train on the groups collected, as the reference) | raise
 
     c.rollout = ConfigDict()
