@@ -61,14 +61,14 @@ def test_minibatches_by_rows_count_the_global_batch():
     assert minibatches(0, 3) == [] and minibatches(0, 1, 128) == []
 
 
-def _real_job(recompute, minibatch_rows, tis_cap=0.0):
+def _real_job(recompute, minibatch_rows, tis_cap=0.0, lr=0.0):
     import optax
     from jaxscaffold.rl.train_step import make_train_step
     from tests.rl.test_train_step import CONFIG
     cfg = ConfigDict({"rl": {"ppo_epochs": 1, "num_minibatches": 1, "minibatch_rows": minibatch_rows,
                              "recompute_old_logprobs": recompute, "tis_cap": tis_cap, "micro_batches": 1},
                       "rollout": {"max_new_tokens": 8}})
-    step = make_train_step(CONFIG, preset("grpo"), optax.sgd(0.0))  # lr 0: every step sees the initial policy
+    step = make_train_step(CONFIG, preset("grpo"), optax.sgd(lr))  # lr 0: every step sees the initial policy
     return Job(cfg, mesh=None, model_config=CONFIG, tokenizer=None, sampler=None, eval_sampler=None,
                train_step=step, algo=preset("grpo"), row_multiple=1)
 
@@ -117,3 +117,29 @@ def test_train_on_logs_the_sampler_trainer_mismatch(recompute, minibatch_rows):
         assert abs(metrics["train/ratio_max"] - 1) < 1e-4
     else:
         np.testing.assert_allclose(metrics["train/ratio_max"], np.exp(delta).max(), rtol=5e-4)
+
+
+def test_later_mini_batches_train_off_policy_and_the_mismatch_is_measured_before():
+    """Several optimizer steps per rollout batch (the reference's mini-batches): the first step
+    is on the trainer's own old log-probs (ratio 1), the second after an update (ratio != 1, so
+    the clips can bind), and the logged mismatch is still the one before any update."""
+    import jax
+    import optax
+    from jaxscaffold.rl.train_step import init_train_state
+    from tests.rl.test_train_step import _params
+    params = _params()
+    episodes, delta = _sampled_episodes(params)
+    job = _real_job(True, 3, lr=1.0)
+    seen = []
+    step = job.train_step
+
+    def recording(state, batch):
+        state, m = step(state, batch)
+        seen.append(float(m["ratio_max"]))
+        return state, m
+
+    job.train_step = recording
+    state = init_train_state(jax.tree.map(lambda x: x.copy(), params), optax.sgd(1.0))
+    _, metrics = train_on(job, state, episodes)
+    assert len(seen) == 2 and abs(seen[0] - 1) < 1e-4 and seen[1] > 1 + 1e-3
+    np.testing.assert_allclose(metrics["train/mismatch_kl"], np.mean(np.expm1(delta) - delta), rtol=5e-4)
