@@ -33,10 +33,14 @@ def get_config() -> ConfigDict:
     c.rl.grad_clip = 1.0  # global-norm gradient clipping
     c.rl.warmup_steps = 0  # linear warmup of the learning rate
     c.rl.ppo_epochs = 1  # passes over each rollout batch
-    c.rl.num_minibatches = 1  # optimizer steps per epoch (1: the whole batch, as the reference)
+    c.rl.num_minibatches = 1  # optimizer steps per epoch (1: the whole batch; rl.minibatch_rows sets them by rows, as the reference)
     c.rl.micro_batches = 1  # gradient-accumulation micro-batches per optimizer step
     c.rl.kl_coef = 0.0  # KL-to-reference loss weight (0: off, as the reference)
     c.rl.entropy_coef = 0.0  # entropy bonus weight
+    c.rl.minibatch_rows = 0  # rows per optimizer step: ceil(rows / this) near-equal mini-batches (the reference: 128 step rows); 0: rl.num_minibatches
+    c.rl.recompute_old_logprobs = False  # True: the trainer recomputes the old log-probs before the updates (the reference, verl); False: the sampler's
+    c.rl.tis_cap = 0.0  # truncated importance sampling: token loss x min(pi_trainer_old / pi_sampler, cap), e.g. 2 (Yao et al.); 0: off (needs recompute_old_logprobs)
+    c.rl.dynamic_sampling_exhausted = "continue"  # DAPO after max_num_gen_batches: continue (train on the groups collected, as the reference) | raise
 
     c.rollout = ConfigDict()
     c.rollout.tasks_per_step = 16  # distinct tasks (GRPO groups) per training step

@@ -1,4 +1,9 @@
-"""FEE on ScienceWorld + BFCL v3 multi-turn with Qwen3-4B: the paper's main setting.
+"""FEE on ScienceWorld + BFCL v3 multi-turn with Qwen3-4B: the paper's main setting, as WE run
+it, not the reference: both benchmarks in one run (one task stream over both catalogues, so
+most groups are ScienceWorld's), whole trajectories, one optimizer step per rollout batch
+(exactly on-policy), the sampler's old log-probs, 15 env steps for both in training and 30 in
+evaluation, no ScienceWorld simplifications. The reference's runs (one benchmark each, its
+horizons, simplifications, mini-batches): fee_sciworld.py, fee_bfcl.py, standard_*.py.
 
 AG early / OE late (AG on the first episode steps during training steps 1-100, OE on late
 episode steps after), probability 0.5 per group. The algorithm is selectable:

@@ -62,6 +62,11 @@ class RL:
     micro_batches: int
     kl_coef: float
     entropy_coef: float
+    # The reference run's update (issue 20): mini-batches of rows, old log-probs, TIS, DAPO.
+    minibatch_rows: int
+    recompute_old_logprobs: bool
+    tis_cap: float
+    dynamic_sampling_exhausted: Literal["continue", "raise"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -367,6 +372,7 @@ def validate(cfg: RunConfig) -> None:
         _range(f"rl.{name}", getattr(r, name), 0)
     for name in ("ppo_epochs", "num_minibatches", "micro_batches"):
         _range(f"rl.{name}", getattr(r, name), 1)
+    _check_update(r)
     c = cfg.rollout
     for name in ("tasks_per_step", "group_size", "max_turns", "max_new_tokens"):
         _range(f"rollout.{name}", getattr(c, name), 1)
@@ -392,6 +398,18 @@ def validate(cfg: RunConfig) -> None:
     _range("checkpoint.keep", cfg.checkpoint.keep, 1)
     if cfg.job == "rwml":
         _check_rwml(cfg)
+
+
+def _check_update(r: RL) -> None:
+    """The mini-batching, old log-prob and TIS fields (one way to say each thing)."""
+    _range("rl.minibatch_rows", r.minibatch_rows, 0)
+    if r.minibatch_rows and r.num_minibatches != 1:
+        raise ConfigError(f"config.rl.minibatch_rows={r.minibatch_rows} sets the mini-batches by rows: leave "
+                          f"rl.num_minibatches at 1 (got {r.num_minibatches})")
+    _range("rl.tis_cap", r.tis_cap, 0.0)
+    if r.tis_cap and not r.recompute_old_logprobs:
+        raise ConfigError(f"config.rl.tis_cap={r.tis_cap} weights by pi_trainer_old / pi_sampler: it needs "
+                          "rl.recompute_old_logprobs=True")
 
 
 def _check_rwml(cfg: RunConfig) -> None:

@@ -184,3 +184,19 @@ def test_the_launcher_help_lists_every_field_with_its_value_and_comment():
     assert len(lines) == count(cfg.to_dict())
     assert all("  # " in line for line in lines), [line for line in lines if "  # " not in line]
     assert "  --config.steps=3  # training steps" in out.stdout
+
+
+# The reference run's update fields (issue 20): enum, ranges and the fields they depend on.
+@pytest.mark.parametrize("overrides, match", [
+    (["rl.dynamic_sampling_exhausted=stop"], r"rl.dynamic_sampling_exhausted='stop' is not one of: continue, raise"),
+    (["rl.minibatch_rows=-1"], r"rl.minibatch_rows=-1 must be >= 0"),
+    (["rl.minibatch_rows=128", "rl.num_minibatches=2"], r"minibatch_rows=128 sets the mini-batches by rows"),
+    (["rl.tis_cap=-1", "rl.recompute_old_logprobs=true"], r"rl.tis_cap=-1.0 must be >= 0.0"),
+    (["rl.tis_cap=2"], r"rl.tis_cap=2.0 .* needs rl.recompute_old_logprobs=True"),
+])
+def test_the_update_fields_are_checked(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        build(base(), *overrides)
+    cfg = build(base(), "rl.tis_cap=2", "rl.recompute_old_logprobs=true", "rl.minibatch_rows=128",
+                "rl.dynamic_sampling_exhausted=raise")
+    assert (cfg.rl.tis_cap, cfg.rl.recompute_old_logprobs, cfg.rl.minibatch_rows) == (2.0, True, 128)

@@ -36,7 +36,7 @@ class DynamicSamplingExhausted(RuntimeError):
 class SampledGroups:
     """What `DynamicSampler.take` returns: the kept groups and how they were collected."""
 
-    payloads: list  # one per kept group, in arrival order (exactly target_groups)
+    payloads: list  # one per kept group, in arrival order (target_groups, unless taken partial)
     successes: list  # the binary successes of each kept group
     num_gen_batches: int  # generation batches consumed
     num_seen: int  # groups offered
@@ -143,9 +143,11 @@ class DynamicSampler:
             )
         return kept
 
-    def take(self) -> SampledGroups:
-        """The `target_groups` kept groups and the counts; resets the sampler for the next step."""
-        if not self.full():
+    def take(self, partial: bool = False) -> SampledGroups:
+        """The `target_groups` kept groups and the counts; resets the sampler for the next step.
+        `partial`: the groups kept so far, fewer when generation stopped short of the target
+        (the reference trains on what it has after its last generation batch)."""
+        if not (self.full() or partial):
             raise RuntimeError(f"only {self.num_kept}/{self.target_groups} groups collected: keep adding")
         out = SampledGroups(
             payloads=self._payloads,

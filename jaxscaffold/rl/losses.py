@@ -176,6 +176,7 @@ def policy_loss(
     entropy_BT=None,
     entropy_coef: float = 0.0,
     denominators=None,
+    tis_weight_BT=None,
 ):
     """The clipped policy loss of one (micro-)batch and its metrics: (loss, metrics).
 
@@ -192,6 +193,8 @@ def policy_loss(
       ref_logp_BT, kl_coef, kl_estimator: KL-to-reference term in the loss (off when no ref).
       entropy_BT, entropy_coef: per-token entropies computed by the caller, and the bonus weight.
       denominators: `loss_denominators` of the full batch for exact gradient accumulation.
+      tis_weight_BT: truncated importance-sampling weights (`rl.mismatch.tis_weights`), each
+        token's surrogate loss multiplied by its weight (a constant: no gradient); None = off.
 
     Metrics (scalars; token means over valid tokens with the same denominators, so summing
     micro-batch metrics gives the full-batch value, see `merge_metrics`):
@@ -200,7 +203,8 @@ def policy_loss(
       i.e. r > clip_c; 0 without dual clip), approx_kl (k3 estimate of KL(pi_old || pi):
       (r - 1) - log r with the per-token ratio, unbiased under rollout samples, >= 0),
       ratio_mean, ratio_min, ratio_max (ratio used by the loss: per token for ppo, per
-      sequence for gspo), kl (with a reference: token mean of the estimator), entropy (if given).
+      sequence for gspo), kl (with a reference: token mean of the estimator), entropy (if given),
+      tis_weight_mean (with TIS weights: their token mean).
     """
     if denominators is None:
         denominators = loss_denominators(mask_BT)
@@ -220,9 +224,13 @@ def policy_loss(
         logp_BT, old_logp_BT, adv_B, mask_BT,
         loss_mode=loss_mode, clip_low=clip_low, clip_high=clip_high, clip_c=clip_c,
     )  # fmt: skip
+    metrics = {}
+    if tis_weight_BT is not None:
+        tis_weight_BT = jax.lax.stop_gradient(_masked(tis_weight_BT, valid, dtype))
+        loss_BT = loss_BT * tis_weight_BT
+        metrics["tis_weight_mean"] = token_mean(tis_weight_BT)
     pg_loss = agg_fn(loss_BT)
     loss = pg_loss
-    metrics = {}
     if ref_logp_BT is not None:
         kl_BT = kl_penalty(logp_BT, _masked(ref_logp_BT, valid, dtype), kl_estimator)
         loss = loss + kl_coef * agg_fn(kl_BT)

@@ -6,12 +6,18 @@ A batch is a dict of arrays (all rows of one optimizer step):
   loss_mask_BT   int32   1 on the tokens trained on (model tokens), aligned with tokens
   old_logp_BT    f32     log-probs of those tokens under the rollout policy
   adv_B          f32     advantage of each row (spread uniformly over its tokens)
+and optionally
+  tis_weight_BT  f32     truncated importance-sampling weights (`make_old_logprob_step` adds them)
 
 The batch is split into `num_micro_batches` micro-batches whose gradients are summed inside
 the jitted step. Every loss term is divided by the *full batch's* token / sequence counts
 (`losses.loss_denominators`), so any number of micro-batches gives the same update as one
 big batch, in every aggregation mode. A step whose loss or gradient is not finite is
 skipped (parameters and optimizer state unchanged) and counted.
+
+`make_old_logprob_step` is the forward pass that replaces the sampler's `old_logp_BT` by the
+trainer's before a rollout batch's first update (verl's "old log-probs recomputed by the
+actor"), measuring their mismatch (`rl.mismatch`) on the way.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from jaxscaffold.models.config import Qwen3Config
 from jaxscaffold.models.qwen3 import param_shapes, param_shardings
 from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules
 from jaxscaffold.rl.logprobs import masked_token_logprobs, token_logprobs
+from jaxscaffold.rl import mismatch
 from jaxscaffold.rl.losses import loss_denominators, policy_loss
 from jaxscaffold.rl.presets import AlgorithmConfig
 
@@ -39,6 +46,7 @@ BATCH_AXES = {
     "tokens_BT": ("batch", "seq"), "segment_ids_BT": ("batch", "seq"), "loss_mask_BT": ("batch", "seq"),
     "old_logp_BT": ("batch", "seq"), "adv_B": ("batch",),
 }
+OPTIONAL_BATCH_AXES = {"tis_weight_BT": ("batch", "seq")}  # entries a batch may add
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +106,15 @@ def state_shardings(config: Qwen3Config, optimizer, mesh, rules: ShardingRules =
     return TrainState(step=replicated, params=p_sh, opt_state=opt_sh, skipped=replicated)
 
 
-def batch_shardings(mesh, rules: ShardingRules = DEFAULT_RULES) -> dict:
-    return {k: rules.sharding(mesh, axes) for k, axes in BATCH_AXES.items()}
+def batch_shardings(mesh, rules: ShardingRules = DEFAULT_RULES, keys=None) -> dict:
+    """Shardings of a batch's entries (`keys`, default `BATCH_AXES`'; optional ones too)."""
+    axes = {**BATCH_AXES, **OPTIONAL_BATCH_AXES}
+    return {k: rules.sharding(mesh, axes[k]) for k in (BATCH_AXES if keys is None else keys)}
+
+
+def _batch_keys(batch) -> tuple:
+    """The entries of `batch` a step reads, in a fixed order (a part of its program's key)."""
+    return tuple(BATCH_AXES) + tuple(k for k in OPTIONAL_BATCH_AXES if k in batch)
 
 
 def _micro_batches(batch: dict, n: int) -> dict:
@@ -177,9 +192,14 @@ class PolicyObjective:
         ref_logp = None
         if ref_params is not None:
             ref_logp = jax.lax.stop_gradient(_logprobs(ref_params, config, mb, num_positions, self.logprob_chunk)[0])
-        return policy_loss(logp, mb["old_logp_BT"], mb["adv_B"], mb["loss_mask_BT"], ref_logp_BT=ref_logp,
-                           entropy_BT=entropy, agg_constant=self.agg_constant, denominators=denominators,
-                           **self.algo.loss_kwargs())
+        loss, metrics = policy_loss(logp, mb["old_logp_BT"], mb["adv_B"], mb["loss_mask_BT"], ref_logp_BT=ref_logp,
+                                    entropy_BT=entropy, agg_constant=self.agg_constant, denominators=denominators,
+                                    tis_weight_BT=mb.get("tis_weight_BT"), **self.algo.loss_kwargs())
+        # The current policy against the batch's old log-probs: at a rollout batch's first
+        # optimizer step (no update yet) and with the sampler's log-probs, the mismatch.
+        metrics.update(mismatch.mismatch_metrics(logp, mb["old_logp_BT"], mb["loss_mask_BT"],
+                                                 num_tokens=denominators["tokens"]))
+        return loss, metrics
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,7 +240,7 @@ class _Step:
 def _update(step: _Step, num_positions, state: TrainState, batch: dict, ref_params=None):
     """The optimizer step around the micro-batch loss: exact accumulation over micro-batches
     (every loss term divides by the full batch's counts) and a skipped non-finite step."""
-    batch = {k: batch[k] for k in BATCH_AXES}
+    batch = {k: batch[k] for k in _batch_keys(batch)}
     denominators = loss_denominators(batch["loss_mask_BT"])
     loss_fn = functools.partial(step.objective, step.backend.with_kernels(step.model_config))
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
@@ -263,13 +283,13 @@ def _update(step: _Step, num_positions, state: TrainState, batch: dict, ref_para
 
 
 @functools.lru_cache(maxsize=64)
-def _program(step: _Step, num_positions: int | None):
-    """The jitted update of one scored-positions bucket, explicit shardings, state donated
-    (memoised: a jitted function keeps its compiled executables)."""
+def _program(step: _Step, num_positions: int | None, keys: tuple = tuple(BATCH_AXES)):
+    """The jitted update of one scored-positions bucket and batch entries (`keys`), explicit
+    shardings, state donated (memoised: a jitted function keeps its compiled executables)."""
     shardings = {}
     if step.mesh is not None:
         st_sh = state_shardings(step.model_config, step.transformation, step.mesh, step.rules)
-        in_sh = (st_sh, batch_shardings(step.mesh, step.rules)) + ((st_sh.params,) if step.with_reference else ())
+        in_sh = (st_sh, batch_shardings(step.mesh, step.rules, keys)) + ((st_sh.params,) if step.with_reference else ())
         shardings = dict(in_shardings=in_sh, out_shardings=(st_sh, NamedSharding(step.mesh, PartitionSpec())))
     def update(state, batch, *ref_params):  # ref_params: () or (the reference's params,)
         return _update(step, num_positions, state, batch, *ref_params)
@@ -282,13 +302,18 @@ def _max_masked(mask_BT):
     return jnp.max(jnp.sum(mask_BT > 0, axis=1))
 
 
+def _scored_positions(batch, score_masked_only: bool) -> int | None:
+    """The scored positions a row (the bucket of the largest masked count), or None: all."""
+    if not score_masked_only:
+        return None
+    t = batch["tokens_BT"].shape[1]
+    return min(t, pow2_bucket(int(_max_masked(batch["loss_mask_BT"])), 16, per_octave=2))
+
+
 def _train_step(step: _Step, score_masked_only: bool) -> Callable:
     def train_step(state, batch, *ref_params):
-        num_positions = None
-        if score_masked_only:
-            t = batch["tokens_BT"].shape[1]
-            num_positions = min(t, pow2_bucket(int(_max_masked(batch["loss_mask_BT"])), 16, per_octave=2))
-        program = _program(step, num_positions)
+        num_positions = _scored_positions(batch, score_masked_only)
+        program = _program(step, num_positions, _batch_keys(batch))
         train_step.programs[num_positions] = program  # the variants this step used (tests count them)
         return program(state, batch, *ref_params)
 
@@ -296,12 +321,87 @@ def _train_step(step: _Step, score_masked_only: bool) -> Callable:
         """The step's program lowered for these arguments (arrays or `jax.ShapeDtypeStruct`s
         with shardings) and `num_positions` scored positions a row (None: every position):
         its `.compile()` gives XLA's memory and cost analysis without running anything."""
-        return _program(step, num_positions if score_masked_only else None).lower(state, batch, *ref_params)
+        program = _program(step, num_positions if score_masked_only else None, _batch_keys(batch))
+        return program.lower(state, batch, *ref_params)
 
     train_step.programs = {}
     train_step.lower = lower
     return train_step
 
 
-_MERGE = {"ratio_min": jnp.minimum, "ratio_max": jnp.maximum}  # every other metric is a sum
-_EMPTY = {"ratio_min": jnp.inf, "ratio_max": -jnp.inf}  # what the merge starts from (else 0)
+_MERGE = {"ratio_min": jnp.minimum, "ratio_max": jnp.maximum, **mismatch.MERGE}  # every other metric is a sum
+_EMPTY = {"ratio_min": jnp.inf, "ratio_max": -jnp.inf, **mismatch.EMPTY}  # what the merge starts from (else 0)
+
+
+# ----------------------------------------------------------------------------- old log-probs
+
+
+@dataclasses.dataclass(frozen=True)
+class _Recompute:
+    """What a compiled recompute pass depends on besides its arguments' shapes (hashable)."""
+
+    model_config: Qwen3Config
+    tis_cap: float
+    num_micro_batches: int
+    logprob_chunk: int | None
+    mesh: Any
+    rules: ShardingRules
+    backend: Any
+
+
+def make_old_logprob_step(model_config: Qwen3Config, *, tis_cap: float = 0.0, num_micro_batches: int = 1,
+                          logprob_chunk: int | None = None, mesh=None, rules: ShardingRules = DEFAULT_RULES,
+                          score_masked_only: bool = True, backend=None) -> Callable:
+    """Builds `recompute(params, batch) -> (batch, metrics)`, jitted (programs memoised, so
+    building it every step compiles nothing again).
+
+    Run on every mini-batch of a rollout batch before its first update: the trainer's log-probs
+    of the trained tokens under `params` replace the sampler's `old_logp_BT` (the PPO ratio's
+    denominator, as verl's actor recomputes them); `metrics` are the sampler/trainer
+    `rl.mismatch` metrics of the batch's trained tokens and their count (`tokens`). With
+    `tis_cap` > 0 the batch gains `tis_weight_BT` = min(pi_trainer / pi_sampler, tis_cap).
+    Micro-batching, sharding, the scored positions and `backend` are as in `make_train_step`
+    (pass the same, and the two compute the same log-probs).
+    """
+    if tis_cap < 0:
+        raise ValueError(f"tis_cap must be >= 0 (0: off), got {tis_cap}")
+    rc = _Recompute(model_config, float(tis_cap), num_micro_batches, logprob_chunk, mesh, rules,
+                    backend or backends.current())
+
+    def recompute(params, batch):
+        return _recompute_program(rc, _scored_positions(batch, score_masked_only))(params, batch)
+
+    return recompute
+
+
+def _recompute(rc: _Recompute, num_positions, params, batch):
+    batch = {k: batch[k] for k in BATCH_AXES}
+    config = rc.backend.with_kernels(rc.model_config)
+
+    def score(mb):
+        return _logprobs(params, config, mb, num_positions, rc.logprob_chunk)[0]
+
+    if rc.num_micro_batches == 1:
+        logp = score(batch)
+    else:  # one micro-batch's activations at a time, rows back in their order
+        logp = jax.lax.map(score, _micro_batches(batch, rc.num_micro_batches))
+        logp = logp.swapaxes(0, 1).reshape(batch["tokens_BT"].shape)
+    mask, sampler = batch["loss_mask_BT"], batch["old_logp_BT"]
+    logp = jax.lax.stop_gradient(jnp.where(mask > 0, logp, 0.0))
+    metrics = dict(mismatch.mismatch_metrics(logp, sampler, mask), tokens=jnp.sum(mask > 0).astype(jnp.float32))
+    out = dict(batch, old_logp_BT=logp)
+    if rc.tis_cap > 0:
+        out["tis_weight_BT"] = mismatch.tis_weights(logp, sampler, mask, rc.tis_cap)
+    return out, metrics
+
+
+@functools.lru_cache(maxsize=32)
+def _recompute_program(rc: _Recompute, num_positions: int | None):
+    shardings = {}
+    if rc.mesh is not None:
+        keys_out = tuple(BATCH_AXES) + (("tis_weight_BT",) if rc.tis_cap > 0 else ())
+        p_sh = param_shardings(rc.model_config, rc.mesh, rc.rules)
+        shardings = dict(in_shardings=(p_sh, batch_shardings(rc.mesh, rc.rules)),
+                         out_shardings=(batch_shardings(rc.mesh, rc.rules, keys_out),
+                                        NamedSharding(rc.mesh, PartitionSpec())))
+    return jax.jit(functools.partial(_recompute, rc, num_positions), **shardings)

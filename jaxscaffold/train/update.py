@@ -1,5 +1,6 @@
 """The policy update of one training step: episodes -> rewards (with DAPO's overlong shaping)
--> group advantages -> `ppo_epochs x num_minibatches` optimizer steps on the global batch."""
+-> group advantages -> (optionally) the trainer's old log-probs -> `ppo_epochs` passes of
+mini-batch optimizer steps on the global batch, with the sampler/trainer mismatch measured."""
 
 from __future__ import annotations
 
@@ -11,14 +12,20 @@ import numpy as np
 from jaxscaffold.models.sharding import shard_batch
 from jaxscaffold.rl import dapo
 from jaxscaffold.rl.advantages import advantages
+from jaxscaffold.rl.train_step import make_old_logprob_step
 from jaxscaffold.train.job import Job
-from jaxscaffold.train.multihost import process_batch
+from jaxscaffold.train.multihost import allgather_json, process_batch
 from jaxscaffold.episodes.episode import Episode
 
 
 def train_on(job: Job, state, episodes: list[Episode]):
-    """Advantages over groups, then ppo_epochs x num_minibatches optimizer steps; returns the
-    new state and the `train/` metrics, the mean over those steps.
+    """Advantages over groups, then ppo_epochs x mini-batches optimizer steps; returns the new
+    state and the `train/` metrics, the mean over those steps, except `train/mismatch_*`: the
+    sampler/trainer mismatch of the trained tokens before any update (`rl.mismatch`). With
+    `rl.recompute_old_logprobs` a forward pass over every mini-batch before the first update
+    gives the trainer's old log-probs (the PPO ratio's denominator, and TIS weights with
+    `rl.tis_cap`) and measures the mismatch on every row; without it the first optimizer
+    step's measurement counts (the whole batch with one mini-batch, else the first mini-batch).
 
     On several processes `episodes` are this process's (whole groups, so advantages stay
     local); each process feeds its rows and every optimizer step trains on the global batch."""
@@ -29,19 +36,53 @@ def train_on(job: Job, state, episodes: list[Episode]):
     # One row per trajectory, or (step-wise) one per model turn sharing its episode's advantage.
     rows = [(conv, a) for e, a in zip(ok, adv) for conv in e.training_rows()]
     r = job.cfg.rl
+    batches = []
+    global_rows = sum(allgather_json(len(rows)))  # every process makes as many optimizer steps
+    for mb in minibatches(len(rows), r.num_minibatches, r.minibatch_rows, global_rows):
+        batch = process_batch([rows[i][0] for i in mb], np.asarray([rows[i][1] for i in mb]), job.row_multiple)
+        batches.append(shard_batch(batch, job.mesh) if job.mesh is not None else batch)
+    measured = None
+    if r.recompute_old_logprobs and batches:
+        recompute = make_old_logprob_step(job.model_config, tis_cap=r.tis_cap, num_micro_batches=r.micro_batches,
+                                          mesh=job.mesh)
+        batches, parts = zip(*(recompute(state.params, b) for b in batches))  # before any update
+        measured = combine_mismatch([{k: float(v) for k, v in jax.device_get(p).items()} for p in parts])
     steps = []
-    order = np.arange(len(rows))
     for _ in range(r.ppo_epochs):
-        for mb in np.array_split(order, r.num_minibatches):
-            batch = process_batch([rows[i][0] for i in mb], np.asarray([rows[i][1] for i in mb]), job.row_multiple)
-            if job.mesh is not None:
-                batch = shard_batch(batch, job.mesh)
+        for batch in batches:
             state, m = job.train_step(state, batch, *(() if job.ref_params is None else (job.ref_params,)))
             steps.append({k: float(v) for k, v in jax.device_get(m).items()})
     metrics = {k: float(np.mean([s[k] for s in steps])) for k in steps[0]} if steps else {}
+    if steps:  # the mismatch before any update, not a mean that mixes in the policy's own drift
+        metrics.update(measured or {k: v for k, v in steps[0].items() if k.startswith("mismatch_")})
     if job.algo.overlong_buffer:
         metrics["overlong_penalty"] = float(penalty.mean()) if len(penalty) else 0.0
     return state, {f"train/{k}": v for k, v in metrics.items()}
+
+
+def minibatches(num_rows: int, num_minibatches: int, minibatch_rows: int = 0,
+                global_rows: int | None = None) -> list[np.ndarray]:
+    """The row indices of each optimizer step of an epoch: this process's `num_rows` rows, in
+    order (verl's actor: `shuffle: False`), in near-equal parts. As many parts as
+    `num_minibatches`, or with `minibatch_rows` > 0 as verl's split of the global batch into
+    `ppo_mini_batch_size` rows makes: ceil(global_rows / minibatch_rows) (`global_rows`: every
+    process's rows, default `num_rows`), near-equal instead of full chunks and a remainder.
+    None when the global batch has no row: nothing to train on is no optimizer step (an
+    empty step would still move AdamW's moments and apply weight decay)."""
+    total = num_rows if global_rows is None else global_rows
+    if total == 0:
+        return []
+    n = -(-total // minibatch_rows) if minibatch_rows > 0 else num_minibatches
+    return np.array_split(np.arange(num_rows), n)
+
+
+def combine_mismatch(parts: Sequence[dict]) -> dict[str, float]:
+    """The mismatch of a batch from its mini-batches' (`make_old_logprob_step` metrics): the
+    token-weighted KL, the max / min ratio over them."""
+    tokens = sum(p["tokens"] for p in parts)
+    return {"mismatch_kl": sum(p["mismatch_kl"] * p["tokens"] for p in parts) / max(tokens, 1.0),
+            "mismatch_ratio_max": max(p["mismatch_ratio_max"] for p in parts),
+            "mismatch_ratio_min": min(p["mismatch_ratio_min"] for p in parts)}
 
 
 def turn_lengths(conv) -> list[int]:

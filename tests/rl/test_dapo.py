@@ -86,3 +86,16 @@ def test_sampler_insists_on_binary_success_and_its_protocol():
     with pytest.raises(ValueError):
         DynamicSampler(target_groups=0)
     assert informative([0, 1]) and not informative([1, 1]) and not informative([0])
+
+
+def test_sampler_taken_partial_gives_the_groups_it_has():
+    """Generation stopped short of the target (the reference trains on what it has): `take`
+    with `partial` returns the kept groups and the counts; without it, it still insists."""
+    s = DynamicSampler(target_groups=3, max_num_gen_batches=0)
+    s.add(groups([0, 1], [1, 1]), payloads=["A", "all-one"])
+    s.add(groups([0, 0], [1, 0]), payloads=["all-zero", "B"])
+    with pytest.raises(RuntimeError, match="keep adding"):
+        s.take()
+    out = s.take(partial=True)
+    assert out.payloads == ["A", "B"] and (out.num_gen_batches, out.num_seen, out.num_dropped) == (2, 4, 2)
+    assert s.num_kept == 0 and s.take(partial=True).payloads == []

@@ -83,7 +83,10 @@ class EnvWorkload:
 
     def collect(self, job: Job, params, step: int) -> tuple[list[Episode], dict]:
         """Rollouts for one train step; DAPO's dynamic sampling keeps generating until enough
-        groups have mixed binary success (or raises after max_num_gen_batches).
+        groups have mixed binary success. After max_num_gen_batches without enough, it trains
+        on the groups it has (`rollout/dynamic_sampling_exhausted` = 1; the reference's
+        EnvAsScaffold does so), or with `rl.dynamic_sampling_exhausted = "raise"` raises
+        `DynamicSamplingExhausted` (verl's DAPO recipe).
 
         On several processes each runs its share of the step's groups (`process_share`; the
         task stream is the same on every process) and returns its own episodes, whole groups,
@@ -96,7 +99,7 @@ class EnvWorkload:
         dynamic = dapo.DynamicSampler(len(share), None) if job.algo.dynamic_sampling else None
         limit = job.algo.max_num_gen_batches if dynamic else 1
         generated: list[dict] = []  # every process's episodes of every generation batch
-        batches = 0
+        batches, exhausted = 0, False
         for batch_index in itertools.count() if limit is None or limit <= 0 else range(limit):
             tasks = self.stream.take(c.tasks_per_step)  # every process takes them: streams stay equal
             mine = [] if dynamic is not None and dynamic.full() else list(share)
@@ -124,23 +127,27 @@ class EnvWorkload:
             generated += [s for part in parts for s in part["episodes"]]
             if all(part["full"] for part in parts):
                 break
-        else:
-            raise dapo.DynamicSamplingExhausted(
-                f"dynamic sampling did not collect {c.tasks_per_step} groups with mixed success in "
-                f"{batches} generation batches (rl.algorithm={job.algo.name}, max_num_gen_batches={limit}); "
-                f"{informative_share(generated):.0%} of the groups had unequal rewards")
+        else:  # every allowed generation batch ran and some process still lacks groups
+            exhausted = True
+            if cfg.rl.dynamic_sampling_exhausted == "raise":
+                raise dapo.DynamicSamplingExhausted(
+                    f"dynamic sampling did not collect {c.tasks_per_step} groups with mixed success in "
+                    f"{batches} generation batches (rl.algorithm={job.algo.name}, max_num_gen_batches={limit}); "
+                    f"{informative_share(generated):.0%} of the groups had unequal rewards")
         stats = {"rollout/generation_batches": float(batches),
                  "rollout/informative_groups": informative_share(generated)}
         if dynamic is None:
             kept, kept_summaries = episodes, generated
         else:
-            taken = dynamic.take()
+            stats["rollout/dynamic_sampling_exhausted"] = float(exhausted)
+            taken = dynamic.take(partial=exhausted)
             kept = [e for eps in taken.payloads for e in eps]
             parts = allgather_json({"kept": episode_summaries(kept), "dropped": taken.num_dropped,
                                     "overflow": taken.num_overflow})
             kept_summaries = [s for part in parts for s in part["kept"]]
             stats["rollout/dropped_groups"] = float(sum(part["dropped"] for part in parts))
             stats["rollout/overflow_groups"] = float(sum(part["overflow"] for part in parts))
+            stats["rollout/trained_groups"] = float(len({e["group"] for e in kept_summaries}))
         stats.update(summary_metrics(kept_summaries, "rollout"))
         if self.bandit is not None:
             stats.update(self._learn_schedule(schedule.name, generated))
