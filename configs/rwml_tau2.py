@@ -19,5 +19,5 @@ def get_config():
     c.rwml.embedder = "qwen3"  # the paper's thresholds below are for Qwen3-Embedding-8B: set rwml.embedder_path
     c.rwml.tau_d = 0.4
     c.rwml.filter.tau_d = 0.15
-    c.model.preset = "qwen3-8b"
+    c.model.preset = "qwen3-8b"  # the paper's tau2 base (ALFWorld's is Qwen2.5-7B-Instruct: configs/rwml.py)
     return c
