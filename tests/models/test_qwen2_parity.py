@@ -90,6 +90,19 @@ def test_export_round_trip_is_bitwise_in_f32(tmp_path, tied):
     np.testing.assert_array_equal(hf_logits(reloaded, tokens), hf_logits(model, tokens))
 
 
+def test_bf16_compute_is_close_in_kl(tmp_path, capsys):
+    """bf16 compute on f32 master weights (biases added in bf16) vs the f32 reference: the
+    Qwen3 bound, mean per-token KL(ref || ours) below 1e-3 nats."""
+    model, config, params = _load(tmp_path, std=0.1)
+    tokens = np.random.RandomState(0).randint(0, config.vocab_size, (4, 32))
+    logp_ref = jax.nn.log_softmax(hf_logits(model, tokens), -1)
+    logp = jax.nn.log_softmax(np.asarray(forward(params, config.replace(compute_dtype="bfloat16"), jnp.asarray(tokens))), -1)
+    kl = float(jnp.mean(jnp.sum(jnp.exp(logp_ref) * (logp_ref - logp), -1)))
+    with capsys.disabled():
+        print(f"\n[parity] qwen2 bf16 compute vs f32 transformers: mean per-token KL {kl:.2e} nats")
+    assert kl < 1e-3, kl
+
+
 def test_cpu_decode_layout_prefill_then_steps_equal_transformers(tmp_path):
     """The biases survive the CPU decode layout (fused qkv in 2 column blocks, per-layer cache):
     prefill then single-token steps give transformers' logits; so does the stacked cache."""
@@ -147,3 +160,23 @@ def test_a_qwen3_checkpoint_relabelled_qwen2_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(hf))
     with pytest.raises(CheckpointError, match="missing tensor model.layers.0.self_attn.q_proj.bias"):
         hf_io.load_pretrained(str(tmp_path))
+
+
+def test_bare_qwen2model_loads_and_exports_as_qwen2model(tmp_path):
+    """A Qwen2Model checkpoint (no lm_head, no "model." prefix) is read as a backbone: our
+    final-normed hidden states equal transformers', and the export reads back as Qwen2Model."""
+    from transformers import AutoModel
+    model = make_hf_model(model_type="qwen2", embedding=True)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    model.save_pretrained(src)
+    config, params = hf_io.load_pretrained(str(src))
+    assert config.is_embedding and config.model_type == "qwen2" and "lm_head" not in params
+    hf_io.save_pretrained(str(dst), config, params)
+    reloaded = AutoModel.from_pretrained(dst, dtype=torch.float32).eval()
+    assert type(reloaded).__name__ == "Qwen2Model"
+    tokens = torch.as_tensor(np.random.RandomState(2).randint(0, config.vocab_size, (2, 6)))
+    with torch.no_grad():
+        ref = model(input_ids=tokens).last_hidden_state.numpy()
+        np.testing.assert_array_equal(reloaded(input_ids=tokens).last_hidden_state.numpy(), ref)
+    ours = np.asarray(jax.jit(qwen3.hidden_states, static_argnums=1)(params, config, jnp.asarray(tokens.numpy())))
+    np.testing.assert_allclose(ours, ref, atol=1e-4 * max(1, np.abs(ref).max()))
