@@ -135,7 +135,7 @@ def preset(name: str, **overrides) -> Qwen3Config:
     """A released model's architecture by name (case-insensitive), with optional overrides."""
     key = name.lower()
     if key not in PRESETS:
-        raise KeyError(f"unknown model preset {name!r}; known: {', '.join(PRESETS)}")
+        raise KeyError(f"unknown Qwen3 preset {name!r} (Qwen3 or Qwen2.5); known: {', '.join(PRESETS)}")
     return PRESETS[key].replace(**overrides)
 
 
