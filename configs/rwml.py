@@ -5,6 +5,13 @@ Triples from 3 rollouts per task of the initial policy at temperature 1; the dif
 1 if the embedding distance to the real next state is under tau_d; lr 1e-6, 32 triples x group 8.
 Then stage 2: `--config rwml_policy.py` (task RL from this run's HF export, out_dir/hf).
 
+Base models, per benchmark (the paper, shared/REFERENCE.md §2): ALFWorld starts from
+Qwen2.5-7B-Instruct (model_type qwen2: q/k/v biases, no q/k norms, untied head, 152064 rows,
+Qwen2.5's chat template with its default system prompt and no <think> handling), the preset
+here; tau2 from Qwen3-8B (configs/rwml_tau2.py). Point `model.hf_path` at a local copy of the
+checkpoint (its tokenizer and chat format come with it); the preset alone is a random init of
+the architecture. Stage 2 continues from stage 1's export, so it keeps the base.
+
 The paper used Qwen3-Embedding-8B with tau_d 0.2 (RL) / 0.1 (filter) and the distance alone;
 to use it (the reference setting), set `--config.rwml.embedder=qwen3
 --config.rwml.embedder_path=DIR --config.rwml.reward=embedding --config.rwml.tau_d=0.2
@@ -65,7 +72,7 @@ def get_config():
     c.job = "rwml"  # world-model RL (stage 1)
     c.out_dir = "runs/rwml"
     c.steps = 100  # used only with rwml.epochs = 0; else the steps are epochs x filtered triples / tasks_per_step
-    c.model.preset = "qwen3-8b"  # set model.hf_path to a local checkpoint (the paper: Qwen2.5-7B-Instruct / Qwen3-8B)
+    c.model.preset = "qwen2.5-7b"  # the paper's ALFWorld base, Qwen2.5-7B-Instruct: set model.hf_path to a local copy (tau2: Qwen3-8B)
     c.rl.algorithm = "grpo"
     c.rl.lr = 1e-6
     c.rl.kl_coef = 0.001  # GRPO with KL to the initial policy (k3, verl's low_var_kl)
@@ -74,7 +81,7 @@ def get_config():
     c.rollout.max_turns = 1  # one answer per prompt
     c.rollout.max_new_tokens = 1024  # <think> + <next_state>
     c.rollout.max_len = 8192
-    c.rollout.enable_thinking = False  # the format asks for its own <think> block
+    c.rollout.enable_thinking = False  # the format asks for its own <think> block (Qwen2.5's template has no such switch)
     c.envs.train = "alfworld"  # where the triples come from
     c.envs.eval = "alfworld:valid_seen"  # unused in stage 1 (evaluation is on held-out triples)
     c.feedback.schedule = "none"

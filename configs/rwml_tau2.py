@@ -20,5 +20,5 @@ def get_config():
     c.rwml.reward = "embedding"  # the paper's (distance only): tau2's JSON states would need every value exact under embedding_facts
     c.rwml.tau_d = 0.4
     c.rwml.filter.tau_d = 0.15
-    c.model.preset = "qwen3-8b"
+    c.model.preset = "qwen3-8b"  # the paper's tau2 base (ALFWorld's is Qwen2.5-7B-Instruct: configs/rwml.py)
     return c

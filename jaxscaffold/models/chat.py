@@ -1,4 +1,4 @@
-"""Qwen3's chat format, rendered straight to token ids.
+"""Qwen3's chat format (and Qwen2.5's), rendered straight to token ids.
 
 `Qwen3ChatRenderer` reproduces what Qwen3's chat template (see
 `jaxscaffold.models.tokenizer.QWEN3_CHAT_TEMPLATE`) renders, but produces token ids
@@ -31,16 +31,24 @@ Where the template does not strip anything (e.g. one user query followed by an a
 loop of thinking / tool-calling turns), prompt + completions + continuations + "\\n" equals
 `render` of the whole conversation; `assistant_completion` gives the ids the template
 expects a model turn to have, for tests and for building training data.
+
+Qwen2.5 (`QWEN25`, `jaxscaffold.models.tokenizer.QWEN25_CHAT_TEMPLATE`): the same ChatML turns
+and tool blocks, but a default system prompt when the first message is not a system one, no
+<think> handling (reasoning is neither split off nor stripped; `enable_thinking` is ignored, as
+the template has no such switch), tool-call arguments always JSON-encoded, and
+<tool_response> is text (not an added token of its tokenizer). The renderer takes the format
+from the tokenizer (`format_for`): the chat template ships with it in an HF checkpoint.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from jaxscaffold.models.tokenizer import Tokenizer
+from jaxscaffold.models.tokenizer import QWEN25_DEFAULT_SYSTEM, Tokenizer
 
 Message = Mapping[str, Any]
 
@@ -48,7 +56,34 @@ STRUCTURE_TOKENS: tuple[str, ...] = (
     "<|im_start|>", "<|im_end|>", "<think>", "</think>",
     "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
 )
-_STRUCTURE_RE = re.compile("|".join(map(re.escape, STRUCTURE_TOKENS)))
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatFormat:
+    """What a model family's chat template does differently (see the module docstring)."""
+
+    name: str
+    structure_tokens: tuple[str, ...]  # template-written strings that are added tokens
+    default_system: str | None  # rendered when the first message is not a system one
+    thinking: bool  # <think> blocks: reasoning split off, kept after the last query only
+    raw_string_arguments: bool  # a tool call's string arguments written as they are (else tojson)
+
+
+QWEN3 = ChatFormat("qwen3", STRUCTURE_TOKENS, None, thinking=True, raw_string_arguments=True)
+QWEN25 = ChatFormat("qwen2.5", STRUCTURE_TOKENS[:2] + ("<tool_call>", "</tool_call>"), QWEN25_DEFAULT_SYSTEM,
+                    thinking=False, raw_string_arguments=False)
+
+
+def format_for(tokenizer: Tokenizer) -> ChatFormat:
+    """The chat format of a tokenizer's model family: Qwen3's vocabulary has <think> among its
+    added tokens, Qwen2.5's stops at <|file_sep|> (151664)."""
+    special = tokenizer.special_ids
+    if "<think>" in special:
+        return QWEN3
+    if all(tok in special for tok in QWEN25.structure_tokens):
+        return QWEN25
+    raise ValueError("tokenizer has neither Qwen3's nor Qwen2.5's chat tokens "
+                     f"({', '.join(QWEN25.structure_tokens)}, <think>)")
 
 # The template's fixed text around the tool schemas in the system turn.
 _TOOLS_HEADER = (
@@ -80,9 +115,10 @@ def _content(message: Message) -> str:
 class _IdBuilder:
     """Collects ids; text is buffered and each maximal run is encoded as one string."""
 
-    def __init__(self, tokenizer: Tokenizer, structure_ids: Mapping[str, int]):
+    def __init__(self, tokenizer: Tokenizer, structure_ids: Mapping[str, int], structure_re: re.Pattern):
         self._tokenizer = tokenizer
         self._structure_ids = structure_ids
+        self._structure_re = structure_re
         self._ids: list[int] = []
         self._pending: list[str] = []
 
@@ -94,7 +130,7 @@ class _IdBuilder:
     def literal(self, s: str) -> None:
         """Template-written text: its structure tokens become their ids."""
         pos = 0
-        for m in _STRUCTURE_RE.finditer(s):
+        for m in self._structure_re.finditer(s):
             self.text(s[pos:m.start()])
             self._flush()
             self._ids.append(self._structure_ids[m.group()])
@@ -135,7 +171,8 @@ def _split_reasoning(message: Message) -> tuple[str, str]:
 
 
 class Qwen3ChatRenderer:
-    """Renders Qwen3 chats (HF message dicts) to token ids with a `Tokenizer`.
+    """Renders Qwen3 chats (HF message dicts) to token ids with a `Tokenizer`; Qwen2.5 chats
+    with a Qwen2.5 tokenizer (`chat_format`: default `format_for(tokenizer)`).
 
     Messages: {"role": "system" | "user" | "assistant" | "tool", "content": str | None}.
     Assistant messages may carry "reasoning_content" and "tool_calls": a list of
@@ -143,15 +180,17 @@ class Qwen3ChatRenderer:
     `tools` is a list of JSON schemas, rendered into the system turn.
     """
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, chat_format: ChatFormat | None = None):
         self.tokenizer = tokenizer
-        self._structure_ids = {tok: tokenizer.token_id(tok) for tok in STRUCTURE_TOKENS}
+        self.format = format_for(tokenizer) if chat_format is None else chat_format
+        self._structure_ids = {tok: tokenizer.token_id(tok) for tok in self.format.structure_tokens}
+        self._structure_re = re.compile("|".join(map(re.escape, self.format.structure_tokens)))
 
     # -------------------------------------------------------------------- whole conversations
 
     def render(self, messages: Sequence[Message], tools: Sequence[Mapping] | None = None,
                add_generation_prompt: bool = False, enable_thinking: bool = True) -> list[int]:
-        """Ids of the conversation, as Qwen3's chat template renders it.
+        """Ids of the conversation, as the format's chat template renders it.
 
         Equals `hf_tokenizer(apply_chat_template(messages, tools=tools, tokenize=False,
         add_generation_prompt=..., enable_thinking=...))` whenever no message text contains
@@ -160,6 +199,8 @@ class Qwen3ChatRenderer:
         messages = list(messages)
         b = self._builder()
         system = messages[0] if messages and messages[0]["role"] == "system" else None
+        if system is None and self.format.default_system is not None:
+            system = {"role": "system", "content": self.format.default_system}  # Qwen2.5
         if tools:
             b.literal("<|im_start|>system\n")
             if system is not None:
@@ -179,7 +220,7 @@ class Qwen3ChatRenderer:
             if i == 0 and role == "system":
                 continue  # already rendered above
             if role == "assistant":
-                keep_reasoning = i > last_query
+                keep_reasoning = self.format.thinking and i > last_query
                 self._assistant_turn(b, message, keep_reasoning, is_last=i == len(messages) - 1)
             elif role in _ENV_ROLES:
                 self._env_message(b, messages, i)
@@ -192,7 +233,7 @@ class Qwen3ChatRenderer:
     # -------------------------------------------------------------------- incremental pieces
 
     def generation_prompt(self, enable_thinking: bool = True) -> list[int]:
-        """"<|im_start|>assistant\\n", plus the empty think block if thinking is disabled."""
+        """"<|im_start|>assistant\\n", plus (Qwen3) the empty think block if thinking is disabled."""
         b = self._builder()
         self._generation_prompt(b, enable_thinking)
         return b.finish()
@@ -239,10 +280,10 @@ class Qwen3ChatRenderer:
         Excludes the "\\n" after <|im_end|>, which `continuation` starts with.
         """
         b = self._builder()
-        reasoning, content = _split_reasoning(message)
-        if enable_thinking:
+        reasoning, content = self._reasoning_and_content(message)
+        if enable_thinking and self.format.thinking:
             self._think_block(b, reasoning, content)
-        else:
+        else:  # Qwen2.5: content as written
             b.text(content)
         self._tool_calls(b, message, content)
         b.literal("<|im_end|>")
@@ -251,7 +292,11 @@ class Qwen3ChatRenderer:
     # -------------------------------------------------------------------- pieces of the template
 
     def _builder(self) -> _IdBuilder:
-        return _IdBuilder(self.tokenizer, self._structure_ids)
+        return _IdBuilder(self.tokenizer, self._structure_ids, self._structure_re)
+
+    def _reasoning_and_content(self, message: Message) -> tuple[str, str]:
+        # Qwen2.5's template knows no reasoning: the content is rendered whole.
+        return _split_reasoning(message) if self.format.thinking else ("", _content(message))
 
     @staticmethod
     def _plain_turn(b: _IdBuilder, message: Message) -> None:
@@ -275,7 +320,7 @@ class Qwen3ChatRenderer:
 
     def _assistant_turn(self, b: _IdBuilder, message: Message, keep_reasoning: bool,
                         is_last: bool) -> None:
-        reasoning, content = _split_reasoning(message)
+        reasoning, content = self._reasoning_and_content(message)
         b.literal("<|im_start|>assistant\n")
         # Reasoning survives only after the last user query, and an empty think block is
         # written only for the final message.
@@ -293,8 +338,7 @@ class Qwen3ChatRenderer:
         b.literal("\n</think>\n\n")
         b.text(content.lstrip("\n"))
 
-    @staticmethod
-    def _tool_calls(b: _IdBuilder, message: Message, content: str) -> None:
+    def _tool_calls(self, b: _IdBuilder, message: Message, content: str) -> None:
         for j, call in enumerate(message.get("tool_calls") or ()):
             if j > 0 or content:
                 b.literal("\n")
@@ -303,11 +347,11 @@ class Qwen3ChatRenderer:
             b.literal('<tool_call>\n{"name": "')
             b.text(str(call["name"]))
             b.literal('", "arguments": ')
-            b.text(arguments if isinstance(arguments, str) else _tojson(arguments))
+            raw = isinstance(arguments, str) and self.format.raw_string_arguments
+            b.text(arguments if raw else _tojson(arguments))
             b.literal("}\n</tool_call>")
 
-    @staticmethod
-    def _generation_prompt(b: _IdBuilder, enable_thinking: bool) -> None:
+    def _generation_prompt(self, b: _IdBuilder, enable_thinking: bool) -> None:
         b.literal("<|im_start|>assistant\n")
-        if not enable_thinking:
+        if not enable_thinking and self.format.thinking:
             b.literal(_EMPTY_THINK)

@@ -1,4 +1,4 @@
-"""Qwen3 model configuration: a static, hashable dataclass plus presets.
+"""Qwen3 (and Qwen2.5) model configuration: a static, hashable dataclass plus presets.
 
 The config is a jit-static argument (it decides shapes and code paths), so it is a frozen
 dataclass of plain Python values. Dtypes are stored as strings to stay hashable and
@@ -15,11 +15,15 @@ import jax.numpy as jnp
 
 AttentionImpl = Literal["auto", "xla", "cudnn", "splash"]
 RematPolicy = Literal["none", "full", "save_dots"]
+# HF `model_type`s the one functional model covers. qwen2 (Qwen2 / Qwen2.5): biases on the
+# q/k/v projections and no q/k RMSNorm; otherwise the same decoder as qwen3.
+ModelType = Literal["qwen3", "qwen2"]
+MODEL_TYPES: tuple[str, ...] = ("qwen3", "qwen2")
 
 
 @dataclasses.dataclass(frozen=True)
 class Qwen3Config:
-    """Architecture and execution options of a Qwen3 dense decoder (or embedder)."""
+    """Architecture and execution options of a Qwen3 (or Qwen2.5) dense decoder (or embedder)."""
 
     vocab_size: int = 151936
     hidden_size: int = 1024
@@ -34,6 +38,8 @@ class Qwen3Config:
     max_position_embeddings: int = 40960
     # An embedding model (Qwen3-Embedding) has no lm_head; HF calls it `Qwen3Model`.
     is_embedding: bool = False
+    # "qwen3", or "qwen2" for Qwen2 / Qwen2.5 checkpoints (see `qkv_bias`, `qk_norm`).
+    model_type: ModelType = "qwen3"
     # Execution options (not part of the architecture).
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
@@ -51,6 +57,8 @@ class Qwen3Config:
             raise ValueError(
                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
             )
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"unknown model_type {self.model_type!r} (one of {', '.join(MODEL_TYPES)})")
         for field in ("param_dtype", "compute_dtype"):
             jnp.dtype(getattr(self, field))  # fails early on a typo
 
@@ -63,6 +71,16 @@ class Qwen3Config:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def qkv_bias(self) -> bool:
+        """Whether the q/k/v projections carry biases (Qwen2's attention; o has none)."""
+        return self.model_type == "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        """Whether queries and keys are RMS-normed per head before RoPE (Qwen3's attention)."""
+        return self.model_type == "qwen3"
+
+    @property
     def has_lm_head(self) -> bool:
         """Whether a separate `lm_head` matrix exists (untied causal LM)."""
         return not self.is_embedding and not self.tie_word_embeddings
@@ -72,7 +90,9 @@ class Qwen3Config:
 
     def num_params(self) -> int:
         d, f = self.hidden_size, self.intermediate_size
-        per_layer = 2 * d * (self.q_dim + self.kv_dim) + 3 * d * f + 2 * d + 2 * self.head_dim
+        per_layer = 2 * d * (self.q_dim + self.kv_dim) + 3 * d * f + 2 * d
+        per_layer += 2 * self.head_dim if self.qk_norm else 0
+        per_layer += self.q_dim + 2 * self.kv_dim if self.qkv_bias else 0
         head = self.vocab_size * d if self.has_lm_head else 0
         return self.vocab_size * d + self.num_layers * per_layer + d + head
 
@@ -85,6 +105,7 @@ def _preset(hidden, inter, layers, heads, kv, tied, **kw) -> Qwen3Config:
 
 
 # Sizes from the released checkpoints' config.json files.
+_QWEN25 = dict(model_type="qwen2", max_position_embeddings=32768)
 PRESETS: dict[str, Qwen3Config] = {
     "qwen3-0.6b": _preset(1024, 3072, 28, 16, 8, True),
     "qwen3-1.7b": _preset(2048, 6144, 28, 16, 8, True),
@@ -101,6 +122,12 @@ PRESETS: dict[str, Qwen3Config] = {
     "qwen3-embedding-8b": _preset(
         4096, 12288, 36, 32, 8, False, is_embedding=True, vocab_size=151665,
         max_position_embeddings=40960),
+    # Qwen2.5 instruct models (the paper's ALFWorld base is qwen2.5-7b); rope_theta 1e6,
+    # sliding window off, head_dim = hidden / heads. The small ones tie their embeddings.
+    "qwen2.5-0.5b": _preset(896, 4864, 24, 14, 2, True, head_dim=64, **_QWEN25),
+    "qwen2.5-1.5b": _preset(1536, 8960, 28, 12, 2, True, **_QWEN25),
+    "qwen2.5-3b": _preset(2048, 11008, 36, 16, 2, True, **_QWEN25),
+    "qwen2.5-7b": _preset(3584, 18944, 28, 28, 4, False, **(_QWEN25 | dict(vocab_size=152064))),
 }
 
 
@@ -108,12 +135,13 @@ def preset(name: str, **overrides) -> Qwen3Config:
     """A released model's architecture by name (case-insensitive), with optional overrides."""
     key = name.lower()
     if key not in PRESETS:
-        raise KeyError(f"unknown Qwen3 preset {name!r}; known: {', '.join(PRESETS)}")
+        raise KeyError(f"unknown Qwen3 preset {name!r} (Qwen3 or Qwen2.5); known: {', '.join(PRESETS)}")
     return PRESETS[key].replace(**overrides)
 
 
 def tiny(**overrides) -> Qwen3Config:
-    """A tiny random-weight config for tests and the CPU demo (Qwen3 vocabulary)."""
+    """A tiny random-weight config for tests and the CPU demo (Qwen3 vocabulary); pass
+    model_type="qwen2" for the Qwen2.5 architecture."""
     base = Qwen3Config(
         vocab_size=151936, hidden_size=64, intermediate_size=192, num_layers=2,
         num_heads=4, num_kv_heads=2, head_dim=16, tie_word_embeddings=True,

@@ -21,8 +21,8 @@ import numpy as np
 from jax.sharding import SingleDeviceSharding
 
 from jaxscaffold.models import safetensors_io as st
-from jaxscaffold.models.config import Qwen3Config
-from jaxscaffold.models.qwen3 import param_shapes, param_shardings
+from jaxscaffold.models.config import MODEL_TYPES, Qwen3Config
+from jaxscaffold.models.qwen3 import layer_param_names, param_shapes, param_shardings
 from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules, check_divisible
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
     "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json", "tokenizer.model",
 )
-# Qwen3's own token ids, written to generation_config.json.
+# Qwen3's own token ids (Qwen2.5's are the same), written to generation_config.json.
 BOS_ID, EOS_IDS, PAD_ID = 151643, (151645, 151643), 151643
 
 
@@ -43,23 +43,36 @@ class CheckpointError(ValueError):
 # ----------------------------------------------------------------------------- config.json
 
 
+# HF class names per model_type: (causal LM, bare backbone / embedder).
+_ARCHITECTURES = {"qwen3": ("Qwen3ForCausalLM", "Qwen3Model"), "qwen2": ("Qwen2ForCausalLM", "Qwen2Model")}
+
+
 def config_from_hf(hf: dict, source: str = "config.json", **overrides) -> Qwen3Config:
-    """Our config from an HF config.json dict (transformers 4.x or 5.x form)."""
+    """Our config from an HF config.json dict (transformers 4.x or 5.x form) of a Qwen3 or a
+    Qwen2 / Qwen2.5 (model_type "qwen2") dense model."""
     model_type = hf.get("model_type")
-    if model_type != "qwen3":
+    if model_type not in MODEL_TYPES:
         arch = ", ".join(hf.get("architectures") or []) or "none given"
         raise CheckpointError(
             f"{source}: unsupported architecture model_type={model_type!r} ({arch}); "
-            "jaxscaffold loads Qwen3 dense models (model_type 'qwen3')")
+            "jaxscaffold loads Qwen3 and Qwen2.5 dense models (model_type 'qwen3' or 'qwen2')")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
         raise CheckpointError(f"{source}: unsupported RoPE scaling {rope_type!r} (only 'default')")
     theta = rope.get("rope_theta", hf.get("rope_theta", 1_000_000.0))
-    for key, ok in (("hidden_act", "silu"), ("attention_bias", False), ("use_sliding_window", False)):
+    # Qwen2's q/k/v biases are fixed by its architecture (no attention_bias field); a Qwen3 with
+    # attention_bias would also bias o, which we do not implement.
+    checks = [("hidden_act", "silu"), ("use_sliding_window", False)]
+    checks += [("attention_bias", False)] if model_type == "qwen3" else []
+    for key, ok in checks:
         if hf.get(key, ok) != ok:
             raise CheckpointError(f"{source}: unsupported {key}={hf[key]!r} (expected {ok!r})")
-    archs = hf.get("architectures") or ["Qwen3ForCausalLM"]
+    layer_types = hf.get("layer_types") or []
+    if any(t != "full_attention" for t in layer_types):
+        raise CheckpointError(f"{source}: unsupported layer_types {sorted(set(layer_types))} (only full_attention)")
+    causal_lm, backbone = _ARCHITECTURES[model_type]
+    archs = hf.get("architectures") or [causal_lm]
     try:
         fields = dict(
             vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
@@ -70,7 +83,7 @@ def config_from_hf(hf: dict, source: str = "config.json", **overrides) -> Qwen3C
             rope_theta=float(theta), rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
             tie_word_embeddings=hf.get("tie_word_embeddings", False),
             max_position_embeddings=hf.get("max_position_embeddings", 40960),
-            is_embedding=archs[0] == "Qwen3Model",
+            is_embedding=archs[0] == backbone, model_type=model_type,
         )
     except KeyError as e:
         raise CheckpointError(f"{source}: missing field {e.args[0]!r}") from None
@@ -82,9 +95,10 @@ def config_to_hf(config: Qwen3Config, dtype: str) -> dict:
     """An HF config.json dict readable by transformers 4.x and 5.x."""
     c = config
     torch_dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}[dtype]
-    return {
-        "architectures": ["Qwen3Model" if c.is_embedding else "Qwen3ForCausalLM"],
-        "model_type": "qwen3",
+    causal_lm, backbone = _ARCHITECTURES[c.model_type]
+    out = {
+        "architectures": [backbone if c.is_embedding else causal_lm],
+        "model_type": c.model_type,
         "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
         "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
         "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
@@ -98,6 +112,9 @@ def config_to_hf(config: Qwen3Config, dtype: str) -> dict:
         "use_cache": True, "bos_token_id": BOS_ID, "eos_token_id": EOS_IDS[0],
         "torch_dtype": torch_dtype, "dtype": torch_dtype,
     }
+    if c.model_type == "qwen2":
+        del out["attention_bias"]  # not a Qwen2 field: its q/k/v biases are fixed
+    return out
 
 
 # ----------------------------------------------------------------------------- name mapping
@@ -113,26 +130,33 @@ class _Param:
     stacked: bool
 
 
-_LAYER_PARAMS = (
-    ("attn_norm", "input_layernorm.weight", False),
-    ("q", "self_attn.q_proj.weight", True),
-    ("k", "self_attn.k_proj.weight", True),
-    ("v", "self_attn.v_proj.weight", True),
-    ("o", "self_attn.o_proj.weight", True),
-    ("q_norm", "self_attn.q_norm.weight", False),
-    ("k_norm", "self_attn.k_norm.weight", False),
-    ("mlp_norm", "post_attention_layernorm.weight", False),
-    ("gate", "mlp.gate_proj.weight", True),
-    ("up", "mlp.up_proj.weight", True),
-    ("down", "mlp.down_proj.weight", True),
-)
+# Our layer parameter -> (HF tensor name in a layer, transposed); `qwen3.layer_param_names`
+# says which a model type has.
+_LAYER_PARAMS = {
+    "attn_norm": ("input_layernorm.weight", False),
+    "q": ("self_attn.q_proj.weight", True),
+    "k": ("self_attn.k_proj.weight", True),
+    "v": ("self_attn.v_proj.weight", True),
+    "o": ("self_attn.o_proj.weight", True),
+    "q_norm": ("self_attn.q_norm.weight", False),
+    "k_norm": ("self_attn.k_norm.weight", False),
+    "q_bias": ("self_attn.q_proj.bias", False),
+    "k_bias": ("self_attn.k_proj.bias", False),
+    "v_bias": ("self_attn.v_proj.bias", False),
+    "mlp_norm": ("post_attention_layernorm.weight", False),
+    "gate": ("mlp.gate_proj.weight", True),
+    "up": ("mlp.up_proj.weight", True),
+    "down": ("mlp.down_proj.weight", True),
+}
 
 
 def _param_map(config: Qwen3Config) -> list[_Param]:
     # HF's Qwen3Model (the embedder) has no "model." prefix.
     p = "" if config.is_embedding else "model."
     out = [_Param(("embed",), p + "embed_tokens.weight", False, False)]
-    out += [_Param(("layers", ours), p + "layers.{i}." + hf, t, True) for ours, hf, t in _LAYER_PARAMS]
+    for ours in layer_param_names(config):
+        hf, t = _LAYER_PARAMS[ours]
+        out.append(_Param(("layers", ours), p + "layers.{i}." + hf, t, True))
     out.append(_Param(("final_norm",), p + "norm.weight", False, False))
     if config.has_lm_head:
         out.append(_Param(("lm_head",), "lm_head.weight", True, False))
@@ -206,7 +230,7 @@ def _dtype_name(dtype) -> str:
 
 def load_pretrained(path: str, *, dtype: str = "float32", mesh=None,
                     rules: ShardingRules = DEFAULT_RULES, **config_overrides: Any):
-    """Loads a local HF Qwen3 directory as `(config, params)`.
+    """Loads a local HF Qwen3 or Qwen2.5 directory as `(config, params)`.
 
     Args:
       path: a directory with config.json and safetensors weights (single file or sharded
@@ -298,7 +322,7 @@ def _host(x) -> np.ndarray:
 def save_pretrained(path: str, config: Qwen3Config, params: dict, tokenizer_dir: str | None = None,
                     *, dtype: str | None = None, max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
     """Writes an HF directory loadable by `transformers.AutoModelForCausalLM.from_pretrained`
-    (`AutoModel` for an embedding model, in the `Qwen3Model` layout).
+    (`AutoModel` for an embedding model, in the `Qwen3Model` / `Qwen2Model` layout).
 
     Tensors are fetched and written one at a time, into safetensors shards of at most
     `max_shard_bytes` (with an index when there are several). `dtype` defaults to the

@@ -1,4 +1,5 @@
-"""The Qwen3 dense decoder as pure functions over a parameter pytree.
+"""The Qwen3 dense decoder as pure functions over a parameter pytree (Qwen2.5 too: the
+config's `model_type` "qwen2" adds q/k/v biases and drops the q/k norms).
 
 Parameters are a nested dict of arrays. Per-layer weights are stacked along a leading
 `layers` axis, so the same pytree serves an unrolled Python loop and `lax.scan` (whose
@@ -33,6 +34,14 @@ from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules, tree_shard
 # ----------------------------------------------------------------------------- parameters
 
 
+def layer_param_names(config: Qwen3Config) -> tuple[str, ...]:
+    """Names of a layer's parameters: Qwen3's q/k norms, or Qwen2's q/k/v biases."""
+    names = ("attn_norm", "q", "k", "v", "o")
+    names += ("q_norm", "k_norm") if config.qk_norm else ()
+    names += ("q_bias", "k_bias", "v_bias") if config.qkv_bias else ()
+    return names + ("mlp_norm", "gate", "up", "down")
+
+
 def param_logical_axes(config: Qwen3Config) -> dict:
     """Logical axis names of every parameter (same tree structure as the parameters)."""
     layer = {
@@ -43,11 +52,15 @@ def param_logical_axes(config: Qwen3Config) -> dict:
         "o": ("layers", "q_heads", "embed"),
         "q_norm": ("layers", "head_dim"),
         "k_norm": ("layers", "head_dim"),
+        "q_bias": ("layers", "q_heads"),
+        "k_bias": ("layers", "kv_heads"),
+        "v_bias": ("layers", "kv_heads"),
         "mlp_norm": ("layers", "norm"),
         "gate": ("layers", "embed", "mlp"),
         "up": ("layers", "embed", "mlp"),
         "down": ("layers", "mlp", "embed"),
     }
+    layer = {name: layer[name] for name in layer_param_names(config)}
     axes = {"embed": ("vocab", "embed"), "layers": layer, "final_norm": ("norm",)}
     if config.has_lm_head:
         axes["lm_head"] = ("embed", "vocab")
@@ -64,9 +77,11 @@ def param_shapes(config: Qwen3Config) -> dict:
             "attn_norm": (n, d), "q": (n, d, c.q_dim), "k": (n, d, c.kv_dim), "v": (n, d, c.kv_dim),
             "o": (n, c.q_dim, d), "q_norm": (n, k), "k_norm": (n, k), "mlp_norm": (n, d),
             "gate": (n, d, f), "up": (n, d, f), "down": (n, f, d),
+            "q_bias": (n, c.q_dim), "k_bias": (n, c.kv_dim), "v_bias": (n, c.kv_dim),
         },
         "final_norm": (d,),
     }
+    shapes["layers"] = {name: shapes["layers"][name] for name in layer_param_names(c)}
     if c.has_lm_head:
         shapes["lm_head"] = (d, c.vocab_size)
     dtype = jnp.dtype(c.param_dtype)
@@ -81,7 +96,8 @@ def param_shardings(config: Qwen3Config, mesh, rules: ShardingRules = DEFAULT_RU
 
 def init_params(config: Qwen3Config, key: jax.Array, mesh=None,
                 rules: ShardingRules = DEFAULT_RULES) -> dict:
-    """Random parameters (normal(0, 0.02) matrices, unit norms), created already sharded."""
+    """Random parameters (normal(0, 0.02) matrices and biases, unit norms), created already
+    sharded."""
     out_shardings = None if mesh is None else param_shardings(config, mesh, rules)
     # One module-level function (config static): later calls reuse the compiled program.
     return jax.jit(_random_params, static_argnums=0, out_shardings=out_shardings)(config, key)
@@ -220,11 +236,14 @@ def decoder_layer(config: Qwen3Config, x_BTD, lp, cos, sin, attend, project):
     b, t, _ = x_BTD.shape
     h = rms_norm(x_BTD, lp["attn_norm"], c.rms_norm_eps)
     q, k, v = project(lp, QKV, h)
+    if c.qkv_bias:  # Qwen2 (added to the products in the compute dtype)
+        q, k, v = (x + lp[name].astype(x.dtype) for x, name in zip((q, k, v), ("q_bias", "k_bias", "v_bias")))
     q = q.reshape(b, t, c.num_heads, c.head_dim)
     k = k.reshape(b, t, c.num_kv_heads, c.head_dim)
     v = v.reshape(b, t, c.num_kv_heads, c.head_dim)
-    q = apply_rope(rms_norm(q, lp["q_norm"], c.rms_norm_eps), cos, sin)
-    k = apply_rope(rms_norm(k, lp["k_norm"], c.rms_norm_eps), cos, sin)
+    if c.qk_norm:  # Qwen3
+        q, k = rms_norm(q, lp["q_norm"], c.rms_norm_eps), rms_norm(k, lp["k_norm"], c.rms_norm_eps)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     attn, kv_out = attend(q, k, v)
     (out,) = project(lp, O, attn.reshape(b, t, c.q_dim))
     x_BTD = x_BTD + out

