@@ -336,7 +336,7 @@ class WorldModelWorkload:
     def evaluate(self, job: Job, params, step: int) -> dict[str, float]:
         """Greedy answers on the held-out triples (each process its share), metrics over all."""
         w = job.cfg.rwml
-        everyone = self.data.heldout[: job.cfg.eval.tasks]
+        everyone = self.data.heldout[: job.cfg.eval.tasks or None]
         heldout = [everyone[i] for i in process_share(len(everyone))]
         answers = sample_answers(job, sampler_params(params), heldout, samples=1,
                                  seed=seeds.derive(job.cfg.seed, "eval"), greedy=True)
