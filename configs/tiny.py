@@ -28,7 +28,7 @@ def get_config():
     c.rollout.max_len = 128
     c.rollout.enable_thinking = False
     c.envs.train = "letters"
-    c.envs.eval = "letters:test:8,sciworld:test:2,bfcl:validation:2"  # env:split:first-n tasks
+    c.envs.eval = "letters:test:8,sciworld:test:2,bfcl:validation:2"  # env:split:n tasks (balanced over categories)
     c.envs.num_workers = 1
     c.feedback.schedule = "none"
     c.eval.every = 15  # at 15 the letters reward starts rising, at 30 it has

@@ -126,6 +126,7 @@ def plot_curves(history: list[dict], path: str) -> None:
                                                f"final {r['final']:.3f}")
     ax3.set_xlabel("training step")
     ax3.set_ylabel("eval success")
+    ax3.set_ylim(-0.02, 1.02)
     if ax3.lines:
         ax3.legend(fontsize="small")
     pts = [(h["step"], h["train/entropy"]) for h in history if "train/entropy" in h]

@@ -12,8 +12,8 @@ import pytest
 from jaxscaffold import seeds
 from jaxscaffold.config import typed
 from jaxscaffold.envs import registry
-from jaxscaffold.train.tasks import (TaskSpec, TaskStream, category_counts, env_names, load_eval_tasks, load_tasks,
-                                     parse_task_spec)
+from jaxscaffold.train.tasks import (TaskSpec, TaskStream, category_counts, describe_tasks, env_names,
+                                     load_eval_tasks, load_tasks, parse_task_spec)
 from tests.train.configs import ROOT, load_config
 
 
@@ -89,6 +89,8 @@ def test_fee_eval_sets_cover_every_category_evenly():
     assert {t.task_id for t in tasks if t.env == "sciworld"} <= {t.task_id for t in sw_all}
     bfcl = Counter(t.spec["category"] for t in tasks if t.env == "bfcl")
     assert bfcl == {"base": 100, "miss_func": 100, "miss_param": 100, "long_context": 100}
+    assert all(t.category == t.spec["category"] for t in tasks if t.env == "bfcl")
+    assert describe_tasks(tasks) == "sciworld 128 tasks (29 categories), bfcl 400 tasks (4 categories)"
     capped = _eval_set(load_config("fee", **{"eval.tasks": 128}))
     assert Counter(t.spec["category"] for t in capped if t.env == "bfcl") == dict.fromkeys(bfcl, 32)
     # Another run seed draws other variations in the same proportions.

@@ -4,6 +4,7 @@ dynamic sampling) and the greedy evaluation on held-out tasks in the standard en
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from typing import Sequence
 
@@ -26,7 +27,10 @@ from jaxscaffold.train.job import Job
 from jaxscaffold.train.logger import StepLog
 from jaxscaffold.train.metrics import episode_summaries, informative_share, summary_metrics
 from jaxscaffold.train.multihost import allgather_json, process_share, sampler_params
-from jaxscaffold.train.tasks import TaskStream, env_names, load_eval_tasks, load_tasks
+from jaxscaffold.train.tasks import TaskStream, describe_tasks, env_names, load_eval_tasks, load_tasks
+
+
+log = logging.getLogger(__name__)
 
 
 def rollout_config(c, max_turns: int) -> RolloutConfig:
@@ -73,6 +77,7 @@ class EnvWorkload:
         # Balanced over each env's categories, the same on every process (`load_eval_tasks`).
         self.eval_tasks = load_eval_tasks(cfg.envs.eval, cfg.envs.eval_split, cfg.eval.tasks,
                                           seeds.derive(cfg.seed, "eval_tasks"))
+        log.info("evaluation set: %s", describe_tasks(self.eval_tasks))
         forms = {"ag": f.ag_form, "oe": f.oe_form}
         self.enrichers = {n: e for n in names if (e := enrichers_lib.enricher(n, forms)) is not None}
         self.feedback_log = StepLog(os.path.join(cfg.out_dir, "feedback.jsonl"), write=jax.process_index() == 0)
