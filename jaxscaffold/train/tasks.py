@@ -56,7 +56,7 @@ def category_counts(available: dict[str, int], n: int, rng: np.random.Generator)
     return counts
 
 
-def balanced(tasks: Sequence[Task], n: int | None, seed: int) -> list[Task]:
+def balanced(tasks: Sequence[Task], n: int | None, seed: int | Sequence[int]) -> list[Task]:
     """`n` of `tasks` spread over their categories (`category_counts`), a seeded sample within
     each, in catalogue order; all of them when `n` is None or not below their number."""
     if n is None or n >= len(tasks):
@@ -81,8 +81,7 @@ def load_eval_tasks(spec: str, split: str, limit: int, seed: int) -> list[Task]:
         name = s.split or split
         cat = registry.catalogue(s.env, name)
         caps = [c for c in (s.limit, limit) if c]
-        entry_seed = [seed, zlib.crc32(f"{s.env}:{name}".encode())]
-        out += balanced(cat, min(caps) if caps else None, int(np.random.SeedSequence(entry_seed).generate_state(1)[0]))
+        out += balanced(cat, min(caps) if caps else None, seed=[seed, zlib.crc32(f"{s.env}:{name}".encode())])
     return out
 
 
