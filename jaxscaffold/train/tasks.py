@@ -75,7 +75,9 @@ def load_eval_tasks(spec: str, split: str, limit: int, seed: int) -> list[Task]:
     """The evaluation set of `spec`: each entry's split (`split` unless it names one), its n
     tasks (the entry's n, capped at `limit`; 0 / none: all of the split), balanced over its
     categories (`balanced`). `seed` (a run's `seeds.derive(seed, "eval_tasks")`) with the
-    entry's env and split seeds each entry's draw, so adding an env leaves the others' sets."""
+    entry's env and split seeds each entry's draw, so adding an env leaves the others' sets.
+    (The reference code draws its 128 ScienceWorld tasks uniformly from L0 test, in the split's
+    proportions, a fifth of them one task type; balanced sets weigh every type alike instead.)"""
     out = []
     for s in parse_task_spec(spec):
         name = s.split or split
