@@ -57,7 +57,7 @@ def get_config() -> ConfigDict:
     c.envs = ConfigDict()
     c.envs.train = "sciworld,bfcl"  # comma-separated env names (jaxscaffold.envs.registry), env:split allowed
     c.envs.train_split = "train"  # catalogue split to train on
-    c.envs.eval = "sciworld,bfcl:validation"  # evaluated envs (standard env, greedy); env:split overrides
+    c.envs.eval = "sciworld::128,bfcl:validation"  # evaluated envs (standard env, greedy); env:split:n overrides; as the reference: 128 ScienceWorld, all 400 BFCL validation entries
     c.envs.eval_split = "test"  # held-out split
     c.envs.num_workers = 4  # environment worker processes (0: in this process)
     c.envs.step_timeout_s = 60.0  # a worker silent this long is restarted; its episodes fail
@@ -77,9 +77,11 @@ def get_config() -> ConfigDict:
 
     c.eval = ConfigDict()
     c.eval.every = 5  # evaluate every N training steps (0: never)
-    c.eval.tasks = 128  # held-out tasks per evaluation (group 1)
+    c.eval.tasks = 0  # held-out tasks per evaluated env at most (its envs.eval n, else its whole split; 0: no cap), balanced over its categories, group 1
     c.eval.max_turns = 30  # environment steps per evaluation episode
     c.eval.max_len = 0  # context (KV-cache slots) per evaluation episode (0: rollout.max_len)
+    c.eval.at_start = True  # also evaluate before the first training step (step 0 of a fresh run), as the reference; needs eval.every > 0
+    c.eval.batch_size = 0  # evaluation sampler rows per process (0: the smaller of eval.tasks and the training rollout rows; those rows when eval.tasks is 0)
 
     c.checkpoint = ConfigDict()
     c.checkpoint.every = 10  # save every N steps (and at the end)

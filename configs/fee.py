@@ -31,12 +31,12 @@ def get_config():
     c.rollout.max_new_tokens = 2048  # the reference's response length
     c.rollout.max_len = 16384
     c.envs.train = "sciworld,bfcl"
-    c.envs.eval = "sciworld,bfcl:validation"  # BFCL's held-out ids are its validation split
+    c.envs.eval = "sciworld::128,bfcl:validation"  # 128 ScienceWorld test tasks, BFCL's 400 validation ids (the reference's sets)
     c.feedback.schedule = "ag_early_oe_late"
     c.feedback.probability = 0.5
     c.feedback.switch_step = 100
     c.eval.every = 5  # the paper evaluates every 5 steps and reports the peak (we log both)
-    c.eval.tasks = 128
+    c.eval.tasks = 0  # no cap: each env's set above, balanced over its task types / categories
     c.mesh.fsdp = -1  # shard parameters and optimizer state over every device
     c.mesh.data = 1
     return c

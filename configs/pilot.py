@@ -13,7 +13,7 @@ def make(schedule: str):
     c = fee.get_config()
     c.out_dir = f"runs/pilot_{schedule}"
     c.envs.train = "sciworld"
-    c.envs.eval = "sciworld"
+    c.envs.eval = "sciworld::128"  # 128 test tasks, balanced over its task types
     c.feedback.schedule = schedule  # ag_early | ag_late | oe_early | oe_late | ag_early_oe_late
     return c
 

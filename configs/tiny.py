@@ -28,11 +28,12 @@ def get_config():
     c.rollout.max_len = 128
     c.rollout.enable_thinking = False
     c.envs.train = "letters"
-    c.envs.eval = "letters:test:8,sciworld:test:2,bfcl:validation:2"  # env:split:first-n tasks
+    c.envs.eval = "letters:test:8,sciworld:test:2,bfcl:validation:2"  # env:split:n tasks (balanced over categories)
     c.envs.num_workers = 1
     c.feedback.schedule = "none"
     c.eval.every = 15  # at 15 the letters reward starts rising, at 30 it has
-    c.eval.tasks = 2  # also the eval batch (rows): a BFCL prompt's prefill (4096 bucket) costs ~5 s a row on CPU
+    c.eval.tasks = 0  # no cap: the counts of envs.eval
+    c.eval.batch_size = 2  # eval rows: a BFCL prompt's prefill (4096 bucket) costs ~5 s a row on CPU
     c.eval.max_turns = 1
     c.eval.max_len = 4096  # BFCL's system prompt holds the function docs (up to ~3.7k tokens)
     c.checkpoint.every = 10

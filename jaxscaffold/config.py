@@ -122,6 +122,8 @@ class Eval:
     tasks: int
     max_turns: int
     max_len: int
+    at_start: bool
+    batch_size: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -391,7 +393,8 @@ def validate(cfg: RunConfig) -> None:
     _range("envs.num_workers", cfg.envs.num_workers, 0)
     _range("envs.step_timeout_s", cfg.envs.step_timeout_s, 0.0, strict=True)
     _range("eval.every", cfg.eval.every, 0)
-    _range("eval.tasks", cfg.eval.tasks, 1)
+    _range("eval.tasks", cfg.eval.tasks, 0)
+    _range("eval.batch_size", cfg.eval.batch_size, 0)
     _range("eval.max_turns", cfg.eval.max_turns, 1)
     _range("eval.max_len", cfg.eval.max_len, 0)
     _range("checkpoint.every", cfg.checkpoint.every, 1)

@@ -24,6 +24,7 @@ STREAMS = (
     "tasks",  # the order of a workload's training task stream
     "rollout",  # training rollouts (sampling, feedback decisions): per generation batch / step
     "eval",  # evaluation rollouts
+    "eval_tasks",  # which held-out tasks of each category an evaluation set holds
     "collect_tasks",  # RWML: which tasks are rolled out for triples
     "collect",  # RWML: the policy's rollouts of them, per chunk of rows
     "explore",  # RWML: the scripted explorer's choices

@@ -1,12 +1,22 @@
-"""Evaluates a policy on a benchmark split through the same code path training uses.
+"""Evaluates a policy on a benchmark split, or on a config's evaluation set, through the same
+code path training uses.
 
   python launch/eval.py --env sciworld --split L0/test --policy gold --limit 20 [--json]
   python launch/eval.py --env letters --split test --policy model --checkpoint runs/tiny
+  python launch/eval.py --config fee.py --list-tasks --json
+  python launch/eval.py --config fee.py --config.eval.tasks=8 --policy gold
 
 `--policy gold` plays the benchmark's own gold / expert path through the agent's interface
 (the environment pool and adapters), a sanity check; `--policy model` evaluates a training
 checkpoint (or `--hf DIR`) greedily in the standard environment, as training-time evaluation
 does. `--json` adds a final JSON line with env, split, episodes and success_rate.
+
+`--config NAME_OR_PATH` (with `--config.FIELD=VALUE` overrides) takes the config's evaluation
+set instead of --env / --split: `envs.eval`, capped at `eval.tasks`, balanced over each env's
+categories with the run seed, as training evaluates (`train.tasks.load_eval_tasks`); it reports
+the paper's scores (per env, per category, `eval/score`; the JSON line's "metrics").
+`--list-tasks` prints the set, one task a line (with --json one JSON object each: env,
+task_id, category), and exits.
 """
 
 from __future__ import annotations
@@ -16,11 +26,30 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 
-def run_gold(tasks, workers: int) -> list[bool]:
-    """Whether the gold policy won each task (an infrastructure failure counts as a loss)."""
+def fail(message: str) -> None:
+    """Bad input: one line on stderr, exit code 2."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def config_tasks(cfg) -> list:
+    """The evaluation set of a run config, as `EnvWorkload` builds it."""
+    from jaxscaffold import seeds
+    from jaxscaffold.train.tasks import load_eval_tasks
+    return load_eval_tasks(cfg.envs.eval, cfg.envs.eval_split, cfg.eval.tasks, seeds.derive(cfg.seed, "eval_tasks"))
+
+
+def outcome(task, won: bool, failed: bool) -> dict:
+    """An episode's result in the form `train.evaluation.score_metrics` reads."""
+    return {"env": task.env, "category": task.category, "won": bool(won), "failed": bool(failed)}
+
+
+def run_gold(tasks, workers: int) -> list[dict]:
+    """Whether the gold policy won each task (`outcome`; an infrastructure failure counts as a loss)."""
     from jaxscaffold.envs.gold import GOLD_ENV_KWARGS
     from jaxscaffold.envs.pool import EnvPool
     from jaxscaffold.episodes.agents import GoldAgent
@@ -33,11 +62,13 @@ def run_gold(tasks, workers: int) -> list[bool]:
             for ep in run_episodes(GoldAgent(), pool, tasks[start:start + 4 * workers], max_turns=200):
                 if ep.failure is not None:
                     print(f"infrastructure failure: {ep.failure}", file=sys.stderr)
-                won.append(ep.won and ep.failure is None)
+                won.append(outcome(ep.task, ep.won and ep.failure is None, failed=False))
     return won
 
 
-def run_model(args, tasks) -> list[bool]:
+def run_model(args, tasks, base=None) -> list[dict]:
+    """The greedy model's `outcome` on each task; `base`: the --config's run config (its envs,
+    and its model unless --checkpoint or --hf names one)."""
     from jaxscaffold import config as config_lib
     from jaxscaffold.train.checkpoint import Checkpointer
     from jaxscaffold.train.job import build_job
@@ -46,11 +77,12 @@ def run_model(args, tasks) -> list[bool]:
         ckpt = Checkpointer(os.path.join(args.checkpoint, "checkpoints"), async_save=False)
         cfg = config_lib.from_dict(ckpt.restore_extra()["config"])
     else:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        cfg = config_lib.replace(config_lib.from_configdict(config_lib.load_file(os.path.join(root, "configs", "base.py"))),
-                                 **{"model.hf_path": args.hf})
-    cfg = config_lib.replace(cfg, **{"envs.eval": args.env, "envs.eval_split": args.split, "eval.tasks": len(tasks),
-                                     "envs.train": args.env, "envs.train_split": args.split,
+        cfg = base or config_lib.from_configdict(config_lib.load_file(os.path.join(ROOT, "configs", "base.py")))
+        if args.hf:
+            cfg = config_lib.replace(cfg, **{"model.hf_path": args.hf})
+    spec, split = (base.envs.eval, base.envs.eval_split) if base is not None else (args.env, args.split)
+    cfg = config_lib.replace(cfg, **{"envs.eval": spec, "envs.eval_split": split, "eval.tasks": len(tasks),
+                                     "envs.train": spec, "envs.train_split": split,
                                      "envs.num_workers": args.workers})
     job, state = build_job(cfg)
     if args.checkpoint:
@@ -61,33 +93,73 @@ def run_model(args, tasks) -> list[bool]:
         episodes = work.evaluate_episodes(job, state.params, step=0, tasks=tasks)
     finally:
         work.close()
-    return [e.won for e in episodes if e.failure is None]
+    return [outcome(e.task, e.won, e.failure is not None) for e in episodes]
 
 
-def main() -> None:
+def config_name(argv: list[str]) -> str | None:
+    """The value of --config in `argv` (`config.from_command_line` takes it out of the rest)."""
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--config="):
+            return arg[len("--config="):]
+    return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    from jaxscaffold import config as config_lib
+    try:
+        base, rest, show_help = config_lib.from_command_line(sys.argv[1:] if argv is None else argv,
+                                                             os.path.join(ROOT, "configs"))
+    except config_lib.ConfigError as e:
+        fail(str(e))
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", required=True)
-    p.add_argument("--split", required=True)
+    p.add_argument("--config", help="a config (name in configs/ or path): its evaluation set (and model)")
+    p.add_argument("--env", help="a benchmark (instead of --config)")
+    p.add_argument("--split", help="its split")
+    p.add_argument("--list-tasks", action="store_true", help="print the evaluation set and exit")
     p.add_argument("--policy", choices=("gold", "model"), default="gold")
     p.add_argument("--checkpoint", default="", help="a training run's out_dir (policy model)")
     p.add_argument("--hf", default="", help="an HF model directory (policy model)")
     p.add_argument("--limit", type=int, default=None, help="first N tasks of the split")
     p.add_argument("--workers", type=int, default=2, help="environment worker processes")
     p.add_argument("--json", action="store_true")
-    args = p.parse_args()
+    args = p.parse_args(rest + (["--help"] if show_help else []))
+    args.config = config_name(sys.argv[1:] if argv is None else argv)
+    if base is None and not (args.env and args.split):
+        fail("give --config NAME_OR_PATH, or --env and --split")
+    if base is not None and (args.env or args.split or args.limit):
+        fail("--config brings its evaluation set: --env, --split and --limit go without it")
     from jaxscaffold.envs import registry
     try:
-        tasks = registry.catalogue(args.env, args.split)
+        if base is not None:
+            tasks = config_tasks(base)
+        else:
+            tasks = registry.catalogue(args.env, args.split)
+            tasks = tasks[: args.limit] if args.limit else tasks
     except (KeyError, FileNotFoundError, ValueError, ImportError) as e:
-        sys.exit(f"error: {e}")
-    tasks = tasks[: args.limit] if args.limit else tasks
-    if args.policy == "model" and not (args.checkpoint or args.hf):
-        sys.exit("error: --policy model needs --checkpoint or --hf")
-    won = run_gold(tasks, args.workers) if args.policy == "gold" else run_model(args, tasks)
+        fail(str(e).strip("'\""))
+    if args.list_tasks:
+        for t in tasks:
+            print(json.dumps({"env": t.env, "task_id": t.task_id, "category": t.category}) if args.json
+                  else f"{t.env}\t{t.task_id}\t{t.category}")
+        return
+    if args.policy == "model" and not (args.checkpoint or args.hf or base is not None and base.model.hf_path):
+        fail("--policy model needs --checkpoint or --hf (or a --config with model.hf_path)")
+    results = run_gold(tasks, args.workers) if args.policy == "gold" else run_model(args, tasks, base)
+    won = [r["won"] for r in results if not r["failed"]]
     rate = sum(won) / max(len(won), 1)
-    print(f"{args.env} {args.split}: {args.policy} policy won {sum(won)}/{len(won)} episodes ({rate:.1%})")
+    name = f"{args.env} {args.split}" if base is None else f"{args.config} evaluation set"
+    print(f"{name}: {args.policy} policy won {sum(won)}/{len(won)} episodes ({rate:.1%})")
+    report = {"env": args.env, "split": args.split} if base is None else {"config": args.config}
+    report.update({"episodes": len(won), "success_rate": rate})
+    if base is not None:
+        from jaxscaffold.train.evaluation import score_metrics
+        report["metrics"] = score_metrics(results)
+        for k, v in report["metrics"].items():
+            print(f"  {k} {v:.3f}")
     if args.json:
-        print(json.dumps({"env": args.env, "split": args.split, "episodes": len(won), "success_rate": rate}))
+        print(json.dumps(report))
 
 
 if __name__ == "__main__":

@@ -48,8 +48,9 @@ def main(argv: list[str]) -> None:
     hist = result["history"]
     if hist:
         last = hist[-1]
-        print(f"\n[done] {len(hist)} steps; last train reward {last.get('rollout/reward', float('nan')):.3f}; "
-              f"curves in {os.path.join(cfg.out_dir, 'curves.png')}")
+        print(f"\n[done] step {last['step']}; last train reward {last.get('rollout/reward', float('nan')):.3f}; "
+              f"curves in {os.path.join(cfg.out_dir, 'curves.png')}, eval peaks and finals in "
+              f"{os.path.join(cfg.out_dir, 'results.json')}")
 
 
 if __name__ == "__main__":

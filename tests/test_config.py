@@ -122,6 +122,9 @@ def test_overrides_are_parsed_as_their_fields_type():
     ("envs.env_kwargs={bad", r"env_kwargs is not JSON"),
     ('envs.env_kwargs={"tau3": {}}', r"env_kwargs \(environment\)='tau3' is not one of"),
     ("eval.max_len=100", r"eval.max_len=100 must be 0"),
+    ("eval.tasks=-1", r"eval.tasks=-1 must be >= 0"),
+    ("eval.batch_size=-2", r"eval.batch_size=-2 must be >= 0"),
+    ("eval.at_start=maybe", r"must be a bool"),
 ])
 def test_ranges_and_dependent_fields(override, match):
     with pytest.raises(ConfigError, match=match):

@@ -157,6 +157,7 @@ def tasks_from_relpaths(split: str, relpaths: Iterable[str]) -> list[Task]:
                 task_id=f"{folder}/{trial}",
                 split=split,
                 spec={"gamefile": "/".join(parts), **params},
+                category=params["task_type"],
             )
         )
     tasks.sort(key=lambda t: t.task_id)

@@ -21,6 +21,9 @@ class Task:
     split: str  # the catalogue split it came from
     seed: int = 0
     spec: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # adapter-specific
+    # The stratum evaluation balances over and reports by (ScienceWorld task type, BFCL
+    # category, ALFWorld task type, tau2 domain); "" for an env without one.
+    category: str = ""
 
 
 @dataclasses.dataclass

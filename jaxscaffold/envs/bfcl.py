@@ -157,7 +157,7 @@ def catalogue(split: str, *, categories: Sequence[str] = CATEGORIES,
             tasks.append(Task(env="bfcl", task_id=e["id"], split=split, spec={
                 "category": category, "index": i, "entry_id": e["id"],
                 "involved_classes": list(e["involved_classes"]), "domain": list(dom),
-                "num_turns": len(e["question"])}))
+                "num_turns": len(e["question"])}, category=category))
     return tasks
 
 

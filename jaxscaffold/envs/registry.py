@@ -38,7 +38,8 @@ def register(name: str, module: str, env_class: str, *, catalogue: str = "catalo
              splits: tuple[str, ...] | None = None, extra: str | None = None,
              system_prompt: str | None = None) -> None:
     """Adds an environment from outside the package: `module` (importable, e.g. your own
-    `mypkg.myenv`) defines `catalogue(split) -> [Task]` and `env_class` (the Env protocol of
+    `mypkg.myenv`) defines `catalogue(split) -> [Task]` (each Task's `category`, if set, is what
+    evaluation sets balance over and scores report by) and `env_class` (the Env protocol of
     `envs.base`). `splits`, if given, lets configs be checked before anything is imported;
     `extra` names the pip extra to suggest when the module's import fails; `system_prompt` is
     the agent's (else the env's reset observations carry theirs). A config file can call it

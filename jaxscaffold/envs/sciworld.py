@@ -229,7 +229,7 @@ def task_names() -> list[str]:
 
 def make_task(task_name: str, variation: int, split: str, level: str = "official") -> Task:
     return Task(env=ENV_NAME, task_id=f"{task_name}/{int(variation)}", split=f"{level}/{split}",
-                spec={"task_name": task_name, "variation": int(variation), "level": level})
+                spec={"task_name": task_name, "variation": int(variation), "level": level}, category=task_name)
 
 
 def catalogue(split: str, *, level: str = "L0",

@@ -143,7 +143,7 @@ def catalogue(split: str, *, domains: Sequence[str] = DOMAINS) -> list[Task]:
             t = by_id[tid]
             tasks.append(Task(env=NAME, task_id=f"{domain}/{tid}", split=split, spec={
                 "domain": domain, "tau2_id": tid, "solo_capable": solo_capable(domain, t),
-                "reward_basis": [r.value for r in t.evaluation_criteria.reward_basis]}))
+                "reward_basis": [r.value for r in t.evaluation_criteria.reward_basis]}, category=domain))
     return tasks
 
 

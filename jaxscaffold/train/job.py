@@ -117,7 +117,8 @@ def build_job(cfg) -> tuple[Job, Any]:
     rows = share * c.group_size
     sampler = Sampler(model_config, batch_size=rows, max_len=c.max_len, sampling=sampling,
                       cache_dtype=cfg.model.cache_dtype)
-    eval_rows = min(rows, max(1, -(-cfg.eval.tasks // jax.process_count())))
+    e = cfg.eval
+    eval_rows = e.batch_size or (min(rows, max(1, -(-e.tasks // jax.process_count()))) if e.tasks else rows)
     eval_sampler = Sampler(model_config, batch_size=eval_rows, max_len=cfg.eval.max_len or c.max_len,
                            sampling=GREEDY, cache_dtype=cfg.model.cache_dtype)
     job = Job(cfg, mesh, model_config, tokenizer, sampler, eval_sampler, step_fn, algo,

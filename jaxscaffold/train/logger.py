@@ -10,6 +10,8 @@ import time
 
 from tensorboardX import SummaryWriter
 
+from jaxscaffold.train.results import peak_and_final
+
 
 def keep_steps_until(path: str, step: int) -> None:
     """Drops the lines of a JSON-lines log whose "step" is beyond `step`: a run resumed from
@@ -52,7 +54,8 @@ class MetricLogger:
             return
         self.writer = SummaryWriter(os.path.join(out_dir, "tb"))
         path = os.path.join(out_dir, "metrics.jsonl")
-        keep_steps_until(path, start)  # resumed: the steps after the checkpoint are redone
+        # Resumed: the steps after the checkpoint are redone; fresh: all (step 0 included).
+        keep_steps_until(path, start if start else -1)
         self.jsonl = open(path, "a")
 
     def log(self, step: int, metrics: dict) -> None:
@@ -66,11 +69,11 @@ class MetricLogger:
         done = step - self.start
         eta = (time.perf_counter() - self.t0) / max(done, 1) * (self.total - step)
         bar = "#" * int(20 * step / max(self.total, 1))
-        labels = {"rollout/reward": "reward", "rollout/success": "success", "eval/success": "eval success",
-                  "train/entropy": "entropy"}
+        labels = {"rollout/reward": "reward", "rollout/success": "success", "train/entropy": "entropy"}
         shown = "  ".join(f"{label} {metrics[k]:.3f}" for k, label in labels.items() if k in metrics)
         arm = f"  arm {metrics['feedback/arm']}" if "feedback/arm" in metrics else ""
-        print(f"\r[{bar:<20}] step {step}/{self.total}  {shown}{arm}  eta {eta:.0f}s", file=self.stream, flush=True)
+        print(f"\r[{bar:<20}] step {step}/{self.total}  {shown}{arm}{eval_line(metrics)}  eta {eta:.0f}s",
+              file=self.stream, flush=True)
 
     def close(self, history: list[dict]) -> None:
         if not self.enabled:
@@ -81,20 +84,51 @@ class MetricLogger:
             plot_curves(history, os.path.join(self.out_dir, "curves.png"))
 
 
+def headline_keys(metrics: dict) -> list[str]:
+    """The eval metrics a summary shows: `eval/score` (else the pooled `eval/success`, the
+    world-model workload's) and each env's success."""
+    head = ["eval/score"] if "eval/score" in metrics else ["eval/success"]
+    envs = sorted(k for k in metrics if k.startswith("eval/success_") and "/" not in k[len("eval/"):]
+                  and not k.endswith("_peak"))
+    return [k for k in head if k in metrics] + envs
+
+
+def eval_line(metrics: dict) -> str:
+    """"  eval score 0.250 (peak 0.300)  sciworld 0.100  bfcl 0.400" for a row with an evaluation."""
+    parts = []
+    for k in headline_keys(metrics):
+        label = "eval " + k[len("eval/"):] if k in ("eval/score", "eval/success") else k[len("eval/success_"):]
+        peak = f" (peak {metrics[k + '_peak']:.3f})" if k + "_peak" in metrics else ""
+        parts.append(f"{label} {metrics[k]:.3f}{peak}")
+    return "".join("  " + p for p in parts)
+
+
 def plot_curves(history: list[dict], path: str) -> None:
-    """Train and eval success (and reward) and entropy against the training step."""
+    """Train reward and success, the eval score and each env's eval success (peak and final in
+    the legend), and entropy against the training step."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
-    for key, label in (("rollout/reward", "train reward"), ("rollout/success", "train success"),
-                       ("eval/reward", "eval reward"), ("eval/success", "eval success")):
+    fig, (ax1, ax3, ax2) = plt.subplots(1, 3, figsize=(15, 3.5))
+    for key, label in (("rollout/reward", "train reward"), ("rollout/success", "train success")):
         pts = [(h["step"], h[key]) for h in history if key in h]
         if pts:
-            ax1.plot(*zip(*pts), marker="." if key.startswith("eval") else None, label=label)
+            ax1.plot(*zip(*pts), label=label)
     ax1.set_xlabel("training step")
-    ax1.legend()
+    if ax1.lines:
+        ax1.legend()
+    summary = peak_and_final(history)
+    for key in headline_keys({k: 0 for h in history for k in h}):
+        pts = [(h["step"], h[key]) for h in history if key in h]
+        r = summary[key]
+        ax3.plot(*zip(*pts), marker=".", label=f"{key[len('eval/'):]}: peak {r['peak']:.3f} @ {r['peak_step']}, "
+                                               f"final {r['final']:.3f}")
+    ax3.set_xlabel("training step")
+    ax3.set_ylabel("eval success")
+    ax3.set_ylim(-0.02, 1.02)
+    if ax3.lines:
+        ax3.legend(fontsize="small")
     pts = [(h["step"], h["train/entropy"]) for h in history if "train/entropy" in h]
     if pts:
         ax2.plot(*zip(*pts), color="tab:red")

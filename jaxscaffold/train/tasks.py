@@ -3,12 +3,20 @@
 A task spec is comma-separated entries "env", "env:split" (another split than the default) or
 "env:split:n" (the first n tasks; the split may be empty, "env::n"), e.g.
 "sciworld:train:4,bfcl:validation".
+
+Evaluation sets (`load_eval_tasks`) are balanced instead: an entry's n tasks are spread evenly
+over its tasks' categories (`Task.category`: ScienceWorld task types, BFCL categories), drawn
+with a seed, so a small set still covers every category.
 """
 
 from __future__ import annotations
 
+import zlib
+from collections import Counter
+from typing import Sequence
 
 import grain
+import numpy as np
 
 from jaxscaffold.envs import registry
 from jaxscaffold.envs.base import Task
@@ -29,6 +37,61 @@ def load_tasks(spec: str, split: str, limit: int | None = None) -> list[Task]:
         n = s.limit if s.limit is not None else limit
         out += cat[:n] if n else cat
     return out
+
+
+def category_counts(available: dict[str, int], n: int, rng: np.random.Generator) -> dict[str, int]:
+    """How many of `n` tasks each category gets: the same count for all (all of a category that
+    has fewer), the remainder one more each for categories in a seeded order; every task when
+    `n` is at least their total."""
+    if n >= sum(available.values()):
+        return dict(available)
+    # The level: the largest equal count that fits (categories with fewer give all they have).
+    level = 0
+    while sum(min(c, level + 1) for c in available.values()) <= n:
+        level += 1
+    counts = {k: min(c, level) for k, c in available.items()}
+    spare = sorted(k for k, c in available.items() if c > level)  # sorted: the rng alone orders them
+    for k in rng.permutation(spare)[: n - sum(counts.values())]:
+        counts[str(k)] += 1
+    return counts
+
+
+def balanced(tasks: Sequence[Task], n: int | None, seed: int | Sequence[int]) -> list[Task]:
+    """`n` of `tasks` spread over their categories (`category_counts`), a seeded sample within
+    each, in catalogue order; all of them when `n` is None or not below their number."""
+    if n is None or n >= len(tasks):
+        return list(tasks)
+    rng = np.random.default_rng(seed)
+    by_category: dict[str, list[int]] = {}
+    for i, t in enumerate(tasks):
+        by_category.setdefault(t.category, []).append(i)
+    counts = category_counts({k: len(v) for k, v in by_category.items()}, n, rng)
+    chosen = [int(i) for k in sorted(by_category)
+              for i in rng.choice(by_category[k], size=counts[k], replace=False)]
+    return [tasks[i] for i in sorted(chosen)]
+
+
+def load_eval_tasks(spec: str, split: str, limit: int, seed: int) -> list[Task]:
+    """The evaluation set of `spec`: each entry's split (`split` unless it names one), its n
+    tasks (the entry's n, capped at `limit`; 0 / none: all of the split), balanced over its
+    categories (`balanced`). `seed` (a run's `seeds.derive(seed, "eval_tasks")`) with the
+    entry's env and split seeds each entry's draw, so adding an env leaves the others' sets.
+    (The reference code draws its 128 ScienceWorld tasks uniformly from L0 test, in the split's
+    proportions, a fifth of them one task type; balanced sets weigh every type alike instead.)"""
+    out = []
+    for s in parse_task_spec(spec):
+        name = s.split or split
+        cat = registry.catalogue(s.env, name)
+        caps = [c for c in (s.limit, limit) if c]
+        out += balanced(cat, min(caps) if caps else None, seed=[seed, zlib.crc32(f"{s.env}:{name}".encode())])
+    return out
+
+
+def describe_tasks(tasks: Sequence[Task]) -> str:
+    """What a task set covers: "sciworld 128 tasks (29 categories), bfcl 400 tasks (4 categories)"."""
+    per_env = Counter(t.env for t in tasks)
+    cats = {env: {t.category for t in tasks if t.env == env} - {""} for env in per_env}
+    return ", ".join(f"{env} {n} tasks ({len(cats[env])} categories)" for env, n in per_env.items())
 
 
 class TaskStream:

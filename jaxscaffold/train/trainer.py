@@ -1,7 +1,8 @@
 """The training loop: the one place that runs a job step by step.
 
   workload.collect (rollouts, rewards, metrics) -> train_on (advantages, optimizer steps)
-  -> every eval.every steps: workload.evaluate -> logs -> every checkpoint.every steps: a checkpoint
+  -> every eval.every steps (and at step 0): workload.evaluate -> logs, results.json
+  -> every checkpoint.every steps: a checkpoint
 
 `train(cfg)` runs (or resumes) a whole job from a config (see `configs/`).
 """
@@ -21,6 +22,7 @@ from jaxscaffold.train.checkpoint import Checkpointer
 from jaxscaffold.train.job import build_job
 from jaxscaffold.train.logger import MetricLogger
 from jaxscaffold.train.multihost import allgather_json
+from jaxscaffold.train.results import running_peaks, write_results
 from jaxscaffold.train.update import train_on
 from jaxscaffold.train.workloads.base import WorkloadFactory
 from jaxscaffold.train.workloads.env_rl import EnvWorkload
@@ -61,8 +63,11 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     # A workload may derive the run's length from its data (RWML: epochs over the triples).
     steps = work.total_steps(cfg.steps) if hasattr(work, "total_steps") else cfg.steps
     logger = MetricLogger(out, total_steps=steps, start=start, write=jax.process_index() == 0)
-    peak = max((h.get("eval/success", -1.0) for h in history), default=-1.0)
     try:
+        if start == 0 and cfg.eval.every and cfg.eval.at_start:  # the untrained model's scores
+            history.append({"step": 0, **_evaluate(work, job, state.params, 0, history)})
+            logger.log(0, history[-1])
+            _write_results(cfg, history, steps)
         for step in range(start + 1, steps + 1):
             t0 = time.perf_counter()
             episodes, stats = work.collect(job, state.params, step)
@@ -73,13 +78,13 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
             metrics = {"step": step, **stats, **train_metrics,
                        "time/rollout_s": t1 - t0, "time/train_s": t2 - t1,
                        "time/tokens_per_s": tokens / max(t2 - t0, 1e-9)}
-            if cfg.eval.every and step % cfg.eval.every == 0:
-                metrics.update(work.evaluate(job, state.params, step))
-                metrics["time/eval_s"] = time.perf_counter() - t2
-                peak = max(peak, metrics.get("eval/success", -1.0))
-                metrics["eval/success_peak"] = peak
+            evaluated = cfg.eval.every and step % cfg.eval.every == 0
+            if evaluated:
+                metrics.update(_evaluate(work, job, state.params, step, history))
             history.append(metrics)
             logger.log(step, metrics)
+            if evaluated:
+                _write_results(cfg, history, steps)
             if step % cfg.checkpoint.every == 0 or step == steps:
                 ckpt.save(step, state, {"step": step, "workload": work.get_state(), "history": history,
                                         "config": cfg.to_dict()})
@@ -88,4 +93,20 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
         ckpt.close()
         work.close()
         logger.close(history)
+        _write_results(cfg, history, steps)
     return {"history": history, "state": state}
+
+
+def _evaluate(work, job, params, step: int, history: list[dict]) -> dict[str, Any]:
+    """The workload's eval metrics at `step`, the time they took and the headline metrics'
+    running peaks over `history` (`results.running_peaks`)."""
+    t = time.perf_counter()
+    metrics = work.evaluate(job, params, step)
+    metrics["time/eval_s"] = time.perf_counter() - t
+    return {**metrics, **running_peaks(history, metrics)}
+
+
+def _write_results(cfg, history: list[dict], steps: int) -> None:
+    """`out_dir/results.json` (process 0): after each evaluation, so a killed run leaves one."""
+    if jax.process_index() == 0:
+        write_results(cfg.out_dir, history, total_steps=steps)

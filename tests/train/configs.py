@@ -29,13 +29,15 @@ def apply_overrides(cfg, overrides: dict) -> None:
 def tiny_config(out_dir, *, real_eval: bool = False, **overrides):
     """configs/tiny.py made smaller for tests: in-process envs, one of the 8 test devices (8
     data-parallel replicas of the parameters and their update would only repeat the work on the
-    machine's cores; the smoke test and the multi-host ones train on several), and (unless
+    machine's cores; the smoke test and the multi-host ones train on several), no evaluation
+    before training, and (unless
     `real_eval`) letters instead of the ScienceWorld / BFCL evaluation."""
     cfg = load_config("tiny")
     cfg.out_dir = str(out_dir)
     cfg.rollout.tasks_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens = 2, 4, 8
     cfg.envs.num_workers = 0
     cfg.mesh.devices = 1
+    cfg.eval.at_start = False  # no step-0 evaluation: tests that want one ask for it
     if not real_eval:
         cfg.envs.eval, cfg.eval.tasks, cfg.eval.max_len = "letters", 4, 0
     apply_overrides(cfg, overrides)

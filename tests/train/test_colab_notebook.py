@@ -39,7 +39,7 @@ def test_notebook_train_and_export_commands_run(tmp_path):
     config = model_config.tiny()
     hf_io.save_pretrained(str(ckpt), config, qwen3.init_params(config, jax.random.key(0)))
     write_hf_tokenizer(ckpt)
-    short = ["--config.steps=1", "--config.eval.every=1", "--config.eval.tasks=1",
+    short = ["--config.steps=1", "--config.eval.every=1", "--config.eval.tasks=1", "--config.eval.at_start=false",
              "--config.rollout.tasks_per_step=1", "--config.rollout.group_size=2",
              "--config.rollout.max_new_tokens=8", "--config.rollout.max_turns=2", "--config.eval.max_turns=2",
              "--config.model.compute_dtype=float32", "--config.envs.num_workers=1"]

@@ -4,6 +4,7 @@ dynamic sampling) and the greedy evaluation on held-out tasks in the standard en
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from typing import Sequence
 
@@ -21,11 +22,15 @@ from jaxscaffold.episodes.driver import run_episodes
 from jaxscaffold.episodes.episode import Episode
 from jaxscaffold.rl import dapo
 from jaxscaffold.train.envs import make_envs
+from jaxscaffold.train.evaluation import score_metrics
 from jaxscaffold.train.job import Job
 from jaxscaffold.train.logger import StepLog
-from jaxscaffold.train.metrics import episode_summaries, informative_share, rollout_metrics, summary_metrics
+from jaxscaffold.train.metrics import episode_summaries, informative_share, summary_metrics
 from jaxscaffold.train.multihost import allgather_json, process_share, sampler_params
-from jaxscaffold.train.tasks import TaskStream, env_names, load_tasks
+from jaxscaffold.train.tasks import TaskStream, describe_tasks, env_names, load_eval_tasks, load_tasks
+
+
+log = logging.getLogger(__name__)
 
 
 def rollout_config(c, max_turns: int) -> RolloutConfig:
@@ -69,7 +74,10 @@ class EnvWorkload:
         else:
             self.schedule = schedule_lib.make(f.schedule, p=f.probability, switch=f.switch_step)
         self.stream = TaskStream(load_tasks(cfg.envs.train, cfg.envs.train_split), seed=seeds.derive(cfg.seed, "tasks"))
-        self.eval_tasks = load_tasks(cfg.envs.eval, cfg.envs.eval_split, limit=cfg.eval.tasks)
+        # Balanced over each env's categories, the same on every process (`load_eval_tasks`).
+        self.eval_tasks = load_eval_tasks(cfg.envs.eval, cfg.envs.eval_split, cfg.eval.tasks,
+                                          seeds.derive(cfg.seed, "eval_tasks"))
+        log.info("evaluation set: %s", describe_tasks(self.eval_tasks))
         forms = {"ag": f.ag_form, "oe": f.oe_form}
         self.enrichers = {n: e for n in names if (e := enrichers_lib.enricher(n, forms)) is not None}
         self.feedback_log = StepLog(os.path.join(cfg.out_dir, "feedback.jsonl"), write=jax.process_index() == 0)
@@ -192,7 +200,12 @@ class EnvWorkload:
         return episodes
 
     def evaluate(self, job: Job, params, step: int) -> dict[str, float]:
-        return rollout_metrics(self.evaluate_episodes(job, params, step), "eval", across_processes=True)
+        """`summary_metrics` of every process's evaluation episodes (`eval/success` pools them
+        all) and the paper's scores (`evaluation.score_metrics`: per env, per category, and
+        `eval/score`)."""
+        summaries = [s for part in allgather_json(episode_summaries(self.evaluate_episodes(job, params, step)))
+                     for s in part]
+        return {**summary_metrics(summaries, "eval"), **score_metrics(summaries, "eval")}
 
     def get_state(self) -> dict:
         state = {"data": self.stream.get_state()}

@@ -322,8 +322,8 @@ class WorldModelWorkload:
     def __init__(self, job: Job, params):
         self.reward_fn = make_reward(job)
         self.data = prepare_data(job, params, self.reward_fn)
-        self.eval_triples = evaluation_sample(self.data.heldout, job.cfg.eval.tasks,
-                                              seeds.derive(job.cfg.seed, "heldout", 1))
+        self.eval_triples = evaluation_sample(self.data.heldout, job.cfg.eval.tasks or len(self.data.heldout),
+                                              seeds.derive(job.cfg.seed, "heldout", 1))  # eval.tasks 0: all
         self.stream = TaskStream(self.data.train, seed=seeds.derive(job.cfg.seed, "tasks"))
         self.chat = Qwen3ChatRenderer(job.tokenizer)
         self.reported = False

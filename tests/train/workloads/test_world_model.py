@@ -22,7 +22,7 @@ def stage1_config(out_dir, **overrides):
              "rwml.collect_tasks": 4, "rwml.collect_max_turns": 4, "rwml.history_window": 0,
              "rwml.max_obs_chars": 300, "rwml.heldout_share": 0.25, "rwml.filter.sft_steps": 2,
              "rwml.filter.sft_batch": 2, "rwml.filter.samples": 2, "rwml.filter.sft_share": 0.2,
-             "eval.every": 2, "eval.tasks": 4, "checkpoint.every": 2, "mesh.devices": 1}
+             "eval.every": 2, "eval.tasks": 4, "eval.at_start": False, "checkpoint.every": 2, "mesh.devices": 1}
     return load_config("rwml_tiny", **{**small, **overrides})
 
 
@@ -70,7 +70,8 @@ def test_two_stages_end_to_end(tmp_path, alfworld_env):
         "model.cache_dtype": "float32", "model.remat_policy": "none", "rollout.tasks_per_step": 2,
         "rollout.group_size": 2, "rollout.max_turns": 2, "rollout.max_new_tokens": 8, "rollout.max_len": 2048,
         "rollout.enable_thinking": False, "envs.train_split": "valid_seen", "envs.eval": "alfworld:valid_seen",
-        "envs.num_workers": 0, "eval.every": 1, "eval.tasks": 2, "eval.max_turns": 2, "checkpoint.every": 1,
+        "envs.num_workers": 0, "eval.every": 1, "eval.tasks": 2, "eval.at_start": False, "eval.max_turns": 2,
+        "checkpoint.every": 1,
         "mesh.fsdp": 1, "mesh.data": -1, "mesh.devices": 1})
     hist = train(policy)["history"]
     assert len(hist) == 1 and np.isfinite(hist[0]["train/loss"]) and "eval/success_alfworld" in hist[0]

@@ -1,0 +1,58 @@
+"""The scores an evaluation reports, as the FEE paper's table does: success per env, per
+category of each env (ScienceWorld task type, BFCL category) and `score`, the mean over the
+paper's items: each of BFCL's categories and every other env as a whole (with ScienceWorld and
+BFCL, the five-item average of its headline numbers). Computed from JSON episode summaries
+(`metrics.episode_summaries`), the same on every process."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+# Envs whose categories are the paper's items (its table reports BFCL's four subsets and
+# their mean beside ScienceWorld); any other env counts as one item.
+SCORED_BY_CATEGORY = ("bfcl",)
+
+
+def env_key(prefix: str, env: str) -> str:
+    """The metric of an env's success: "eval/success_sciworld"."""
+    return f"{prefix}/success_{env}"
+
+
+def category_key(prefix: str, env: str, category: str) -> str:
+    """The metric of a category's success: "eval/success_bfcl/miss_param"."""
+    return f"{prefix}/success_{env}/{category}"
+
+
+def score_items(envs_categories: dict[str, Sequence[str]], prefix: str) -> list[str]:
+    """The metrics `score` averages, for the envs (and their categories) an evaluation ran."""
+    items = []
+    for env in sorted(envs_categories):
+        cats = [c for c in envs_categories[env] if c]
+        if env in SCORED_BY_CATEGORY and cats:
+            items += [category_key(prefix, env, c) for c in sorted(cats)]
+        else:
+            items.append(env_key(prefix, env))
+    return items
+
+
+def score_metrics(summaries: Sequence[dict], prefix: str = "eval") -> dict[str, float]:
+    """Per-env and per-category success of the episodes that ran (infrastructure failures
+    excluded, as `summary_metrics` does) and `<prefix>/score`, the unweighted mean of
+    `score_items`."""
+    ok = [e for e in summaries if not e["failed"]]
+    if not ok:
+        return {}
+    out: dict[str, float] = {}
+    cats: dict[str, set[str]] = {}
+    for e in ok:
+        cats.setdefault(e["env"], set()).add(e.get("category", ""))
+    for env, names in cats.items():
+        out[env_key(prefix, env)] = float(np.mean([e["won"] for e in ok if e["env"] == env]))
+        for c in names - {""}:
+            out[category_key(prefix, env, c)] = float(np.mean([e["won"] for e in ok
+                                                               if e["env"] == env and e.get("category", "") == c]))
+    items = score_items({env: sorted(names) for env, names in cats.items()}, prefix)
+    out[f"{prefix}/score"] = float(np.mean([out[k] for k in items]))
+    return out

@@ -1,0 +1,37 @@
+"""The scores an evaluation reports: per env, per category and the paper's five-item average."""
+
+import pytest
+
+from jaxscaffold.train.evaluation import score_metrics
+
+
+def _episodes(env, category, won, lost, failed=0):
+    return ([{"env": env, "category": category, "won": True, "failed": False}] * won
+            + [{"env": env, "category": category, "won": False, "failed": False}] * lost
+            + [{"env": env, "category": category, "won": False, "failed": True}] * failed)
+
+
+def test_score_is_the_five_item_average_of_bfcl_categories_and_sciworld():
+    summaries = (_episodes("sciworld", "boil", 1, 1) + _episodes("sciworld", "melt", 0, 2, failed=1)
+                 + _episodes("bfcl", "base", 1, 1) + _episodes("bfcl", "miss_func", 0, 1)
+                 + _episodes("bfcl", "miss_param", 1, 0) + _episodes("bfcl", "long_context", 2, 0, failed=2))
+    m = score_metrics(summaries)
+    # By hand: sciworld 1/4 (the failed episode does not count), bfcl base 1/2, miss_func 0,
+    # miss_param 1, long_context 1; the five items' mean (0.25 + 0.5 + 0 + 1 + 1) / 5 = 0.55,
+    # where pooling every episode would give 5/10.
+    assert m["eval/score"] == pytest.approx(0.55)
+    assert m["eval/success_sciworld"] == pytest.approx(0.25)
+    assert m["eval/success_sciworld/boil"] == pytest.approx(0.5) and m["eval/success_sciworld/melt"] == 0.0
+    assert m["eval/success_bfcl"] == pytest.approx(4 / 6)
+    assert {k: m[f"eval/success_bfcl/{k}"] for k in ("base", "miss_func", "miss_param", "long_context")} == {
+        "base": 0.5, "miss_func": 0.0, "miss_param": 1.0, "long_context": 1.0}
+
+
+def test_score_without_bfcl_averages_envs_and_ignores_missing_categories():
+    summaries = _episodes("letters", "", 3, 1) + _episodes("sciworld", "boil", 0, 2)
+    m = score_metrics(summaries, "eval")
+    assert m["eval/score"] == pytest.approx((0.75 + 0.0) / 2)
+    assert not any(k.startswith("eval/success_letters/") for k in m)  # no category: no per-category key
+    only_bfcl = score_metrics(_episodes("bfcl", "base", 1, 0) + _episodes("bfcl", "miss_param", 0, 3))
+    assert only_bfcl["eval/score"] == pytest.approx(0.5)  # the category mean, not 1/4 pooled
+    assert score_metrics(_episodes("bfcl", "base", 0, 0, failed=2)) == {}
