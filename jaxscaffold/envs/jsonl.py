@@ -119,7 +119,7 @@ def read_items(path: str) -> list[dict]:
 
 def catalogue(split: str) -> list[Task]:
     """The tasks of a JSONL file (`split` is its path)."""
-    return [Task(NAME, str(item["id"]), split, seed=i, spec={"item": item, "category": str(item.get("category", ""))})
+    return [Task(NAME, str(item["id"]), split, seed=i, category=str(item.get("category", "")), spec={"item": item})
             for i, item in enumerate(read_items(split))]
 
 

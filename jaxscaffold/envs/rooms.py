@@ -217,8 +217,8 @@ def catalogue(split: str) -> list[Task]:
     tasks = []
     for i, seed in enumerate(_split_seeds(split)):
         world, plan = generate(seed)
-        tasks.append(Task(NAME, f"{split}-{i}", split, seed=seed,
-                          spec={"seed": seed, "category": f"{len(world.rooms)} rooms", "plan_length": len(plan)}))
+        tasks.append(Task(NAME, f"{split}-{i}", split, seed=seed, category=f"{len(world.rooms)} rooms",
+                          spec={"seed": seed, "plan_length": len(plan)}))
     return tasks
 
 

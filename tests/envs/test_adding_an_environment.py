@@ -70,7 +70,7 @@ def test_the_readme_commands_train_and_evaluate(workdir, which):
 
 def test_jsonl_tasks_and_rewards(workdir):
     tasks = registry.catalogue("jsonl", str(workdir / "my_tasks.jsonl"))
-    assert [t.task_id for t in tasks] == ["add-1", "add-2"] and tasks[1].spec["category"] == "small"
+    assert [t.task_id for t in tasks] == ["add-1", "add-2"] and tasks[1].category == "small"
     sys.path.insert(0, str(workdir))
     try:
         env = jsonl.JsonlEnv(reward="myrewards:first_number_or_words", max_attempts=2)
