@@ -9,14 +9,22 @@ code path training uses.
 `--policy gold` plays the benchmark's own gold / expert path through the agent's interface
 (the environment pool and adapters), a sanity check; `--policy model` evaluates a training
 checkpoint (or `--hf DIR`) greedily in the standard environment, as training-time evaluation
-does. `--json` adds a final JSON line with env, split, episodes and success_rate.
+does. Each episode gets a line (task, category, reward, steps, outcome or failure reason);
+`--out FILE` writes every episode as a JSON line with its whole trajectory (the env's
+observations, the actions it read, the feedback given, and for the model the decoded
+conversation). Infrastructure failures (a crashed or hung env) are counted and shown, never
+scored. `--json` adds a final JSON line with env, split, episodes, failures and success_rate.
+ScienceWorld levels are part of the split: `--split L1/test`.
 
 `--config NAME_OR_PATH` (with `--config.FIELD=VALUE` overrides) takes the config's evaluation
 set instead of --env / --split: `envs.eval`, capped at `eval.tasks`, balanced over each env's
 categories with the run seed, as training evaluates (`train.tasks.load_eval_tasks`); it reports
 the paper's scores (per env, per category, `eval/score`; the JSON line's "metrics").
 `--list-tasks` prints the set, one task a line (with --json one JSON object each: env,
-task_id, category), and exits.
+task_id, category), and exits. The overrides also set how the model is run (sampling
+`rollout.temperature`, turns `eval.max_turns`, lengths `rollout.max_new_tokens` /
+`eval.max_len`, thinking `rollout.enable_thinking`, env options `envs.env_kwargs`); with
+`--checkpoint` they apply to the checkpoint's own config.
 """
 
 from __future__ import annotations
@@ -43,39 +51,61 @@ def config_tasks(cfg) -> list:
     return load_eval_tasks(cfg.envs.eval, cfg.envs.eval_split, cfg.eval.tasks, seeds.derive(cfg.seed, "eval_tasks"))
 
 
-def outcome(task, won: bool, failed: bool) -> dict:
-    """An episode's result in the form `train.evaluation.score_metrics` reads."""
-    return {"env": task.env, "category": task.category, "won": bool(won), "failed": bool(failed)}
+def record(ep, tokenizer=None) -> dict:
+    """An episode as `--out` writes it (and `train.evaluation.score_metrics` reads it)."""
+    out = {"env": ep.task.env, "task_id": ep.task.task_id, "split": ep.task.split, "category": ep.task.category,
+           "reward": float(ep.reward), "won": bool(ep.won and ep.failure is None), "failed": ep.failure is not None,
+           "failure": ep.failure, "steps": ep.steps, "truncated": ep.truncated,
+           "observations": list(ep.observations), "actions": list(ep.actions),
+           "feedback": [list(f) for f in ep.feedback]}
+    if tokenizer is not None and len(ep.conversation):
+        out["conversation"] = tokenizer.decode(ep.conversation.ids)
+    return out
+
+
+def episode_line(r: dict) -> str:
+    result = f"FAILED ({r['failure']})" if r["failed"] else ("won" if r["won"] else "lost") + \
+        (" (out of turns)" if r["truncated"] else "")
+    category = f" [{r['category']}]" if r["category"] else ""
+    return f"{r['env']} {r['task_id']}{category}: reward {r['reward']:.3f}, {r['steps']} steps, {result}"
 
 
 def run_gold(tasks, workers: int) -> list[dict]:
-    """Whether the gold policy won each task (`outcome`; an infrastructure failure counts as a loss)."""
+    """The gold policy's episode `record`s."""
     from jaxscaffold.envs.gold import GOLD_ENV_KWARGS
     from jaxscaffold.envs.pool import EnvPool
     from jaxscaffold.episodes.agents import GoldAgent
     from jaxscaffold.episodes.driver import run_episodes
     from jaxscaffold.feedback import enrichers
-    won = []
+    records = []
     # With feedback's env hooks, as in training: the gold replay is enriched like the agent.
     with EnvPool(workers, env_kwargs=enrichers.env_kwargs(GOLD_ENV_KWARGS)) as pool:
         for start in range(0, len(tasks), 4 * workers):
-            for ep in run_episodes(GoldAgent(), pool, tasks[start:start + 4 * workers], max_turns=200):
-                if ep.failure is not None:
-                    print(f"infrastructure failure: {ep.failure}", file=sys.stderr)
-                won.append(outcome(ep.task, ep.won and ep.failure is None, failed=False))
-    return won
+            records += [record(ep) for ep in run_episodes(GoldAgent(), pool, tasks[start:start + 4 * workers],
+                                                           max_turns=200)]
+    return records
 
 
-def run_model(args, tasks, base=None) -> list[dict]:
-    """The greedy model's `outcome` on each task; `base`: the --config's run config (its envs,
-    and its model unless --checkpoint or --hf names one)."""
+def checkpoint_config(args, overrides: list[str]):
+    """A checkpoint's run config with the command line's `--config.` overrides applied."""
+    from ml_collections import ConfigDict
+
     from jaxscaffold import config as config_lib
     from jaxscaffold.train.checkpoint import Checkpointer
+    ckpt = Checkpointer(os.path.join(args.checkpoint, "checkpoints"), async_save=False)
+    saved = ConfigDict(ckpt.restore_extra()["config"])
+    return ckpt, config_lib.from_configdict(config_lib.parse_overrides(saved, overrides))
+
+
+def run_model(args, tasks, base=None, overrides: list[str] = ()) -> list[dict]:
+    """The greedy model's episode `record`s; `base`: the --config's run config (its envs, and
+    its model unless --checkpoint or --hf names one)."""
+    from jaxscaffold import config as config_lib
     from jaxscaffold.train.job import build_job
     from jaxscaffold.train.workloads.env_rl import EnvWorkload
+    ckpt = None
     if args.checkpoint:
-        ckpt = Checkpointer(os.path.join(args.checkpoint, "checkpoints"), async_save=False)
-        cfg = config_lib.from_dict(ckpt.restore_extra()["config"])
+        ckpt, cfg = checkpoint_config(args, list(overrides))
     else:
         cfg = base or config_lib.from_configdict(config_lib.load_file(os.path.join(ROOT, "configs", "base.py")))
         if args.hf:
@@ -85,7 +115,7 @@ def run_model(args, tasks, base=None) -> list[dict]:
                                      "envs.train": spec, "envs.train_split": split,
                                      "envs.num_workers": args.workers})
     job, state = build_job(cfg)
-    if args.checkpoint:
+    if ckpt is not None:
         state, _ = ckpt.restore(state)
         ckpt.close()
     work = EnvWorkload(job)
@@ -93,7 +123,7 @@ def run_model(args, tasks, base=None) -> list[dict]:
         episodes = work.evaluate_episodes(job, state.params, step=0, tasks=tasks)
     finally:
         work.close()
-    return [outcome(e.task, e.won, e.failure is not None) for e in episodes]
+    return [record(e, job.tokenizer) for e in episodes]
 
 
 def config_name(argv: list[str]) -> str | None:
@@ -123,6 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hf", default="", help="an HF model directory (policy model)")
     p.add_argument("--limit", type=int, default=None, help="first N tasks of the split")
     p.add_argument("--workers", type=int, default=2, help="environment worker processes")
+    p.add_argument("--out", default="", help="write every episode with its trajectory as JSON lines")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(rest + (["--help"] if show_help else []))
     args.config = config_name(sys.argv[1:] if argv is None else argv)
@@ -146,13 +177,26 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.policy == "model" and not (args.checkpoint or args.hf or base is not None and base.model.hf_path):
         fail("--policy model needs --checkpoint or --hf (or a --config with model.hf_path)")
-    results = run_gold(tasks, args.workers) if args.policy == "gold" else run_model(args, tasks, base)
+    overrides = [a[len("--config."):] for a in (sys.argv[1:] if argv is None else argv) if a.startswith("--config.")]
+    try:
+        results = (run_gold(tasks, args.workers) if args.policy == "gold"
+                   else run_model(args, tasks, base, overrides))
+    except config_lib.ConfigError as e:
+        fail(str(e))
+    for r in results:
+        print(episode_line(r))
+    if args.out:
+        with open(args.out, "w") as f:
+            for r in results:
+                f.write(json.dumps(r) + "\n")
     won = [r["won"] for r in results if not r["failed"]]
+    failures = sum(r["failed"] for r in results)
     rate = sum(won) / max(len(won), 1)
     name = f"{args.env} {args.split}" if base is None else f"{args.config} evaluation set"
-    print(f"{name}: {args.policy} policy won {sum(won)}/{len(won)} episodes ({rate:.1%})")
+    print(f"{name}: {args.policy} policy won {sum(won)}/{len(won)} episodes ({rate:.1%})"
+          + (f"; {failures} infrastructure failures, not scored" if failures else ""))
     report = {"env": args.env, "split": args.split} if base is None else {"config": args.config}
-    report.update({"episodes": len(won), "success_rate": rate})
+    report.update({"episodes": len(won), "failures": failures, "success_rate": rate})
     if base is not None:
         from jaxscaffold.train.evaluation import score_metrics
         report["metrics"] = score_metrics(results)

@@ -32,6 +32,9 @@ SPLITS = {
     "rooms": ("train", "test"),
 }
 TAU2_DOMAINS = ("retail", "airline", "telecom")
+# ScienceWorld's levels and their splits ("L1/test"; a bare split is the default level L0's).
+SCIWORLD_LEVEL_SPLITS = {"official": ("train", "dev", "test"), "L0": ("train", "test"), "L1": ("train", "test"),
+                         "L2": ("train", "test")}
 
 
 def register(name: str, module: str, env_class: str, *, catalogue: str = "catalogue",
@@ -72,6 +75,14 @@ def check_split(name: str, split: str) -> None:
     if name == "jsonl" and not split.endswith(".jsonl"):
         raise ValueError(f"jsonl's split is a path to a .jsonl file (jsonl:PATH[:N]), got {split!r}")
     if name not in SPLITS:
+        return
+    if name == "sciworld" and "/" in split:  # "L1/test": a level and its split
+        level, split = split.split("/", 1)
+        if level not in SCIWORLD_LEVEL_SPLITS:
+            raise ValueError(f"sciworld has no level {level!r}; levels: {', '.join(SCIWORLD_LEVEL_SPLITS)}")
+        if split not in SCIWORLD_LEVEL_SPLITS[level]:
+            raise ValueError(f"sciworld level {level} has no split {split!r}; splits: "
+                             f"{', '.join(SCIWORLD_LEVEL_SPLITS[level])}")
         return
     if name == "tau2" and "/" in split:
         domain, split = split.split("/", 1)

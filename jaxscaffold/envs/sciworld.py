@@ -237,7 +237,10 @@ def catalogue(split: str, *, level: str = "L0",
     """Tasks of one split. ``level="official"``: the env's ``train`` / ``dev`` / ``test``
     variations of every task; ``level="L0" | "L1" | "L2"``: the reference code's ``train`` /
     ``test`` lists. `tasks` optionally restricts to task names or indices. Order: as listed
-    (official: task order, then variation)."""
+    (official: task order, then variation). `split` may name its level too, "L1/test" (what a
+    task spec or `launch/eval.py --split` can carry)."""
+    if "/" in split:
+        level, split = split.split("/", 1)
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     if split not in LEVEL_SPLITS[level]:

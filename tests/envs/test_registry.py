@@ -12,6 +12,7 @@ def test_split_table_matches_the_env_module(name):
     module = importlib.import_module(registry.ENVS[name][0])
     if name == "sciworld":
         own = module.LEVEL_SPLITS["L0"]  # the default level of `catalogue`
+        assert registry.SCIWORLD_LEVEL_SPLITS == module.LEVEL_SPLITS
     elif name == "alfworld":
         own = (*module.SPLITS, *module.SPLIT_ALIASES)
     elif name == "letters":
@@ -31,6 +32,9 @@ def test_split_table_matches_the_env_module(name):
 
 def test_check_split():
     registry.check_split("tau2", "airline/test")
+    registry.check_split("sciworld", "L1/test")
+    with pytest.raises(ValueError, match="sciworld level L1 has no split 'dev'"):
+        registry.check_split("sciworld", "L1/dev")
     with pytest.raises(ValueError, match="tau2 has no domain 'bank'"):
         registry.check_split("tau2", "bank/test")
     with pytest.raises(ValueError, match="bfcl has no split 'test'; splits: train, validation"):

@@ -313,7 +313,7 @@ def test_eval_gold_through_the_pool():
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
-    assert report == {"env": "tau2", "split": "telecom/test", "episodes": 6, "success_rate": 1.0}
+    assert report == {"env": "tau2", "split": "telecom/test", "episodes": 6, "failures": 0, "success_rate": 1.0}
 
 
 def test_missing_extra_says_how_to_install():
