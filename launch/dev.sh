@@ -17,11 +17,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # The CPU build of PyTorch is the parity reference (transformers' Qwen3) in tests;
   # pinning it first keeps pip from pulling a multi-GB CUDA build.
   .venv/bin/pip install -q "torch==2.13.0"
-  .venv/bin/pip install -q -e ".[test,envs,rwml,tau2]"
-  # Installed without their declared dependencies (see pyproject.toml's `envs` extra).
-  .venv/bin/pip install -q --no-deps bfcl-eval==2025.7.17 alfworld==0.4.2 textworld==1.7.0
-  # These two build C/C++ code whose build script calls `python` from PATH: the venv's.
-  PATH="$PWD/.venv/bin:$PATH" .venv/bin/pip install -q --no-deps fast-downward-textworld==20.6.4 jericho==3.3.1
+  # The package, its extras and the benchmark packages installed without their dependencies.
+  bash launch/install_packages.sh .venv/bin/pip test,envs,rwml,tau2
   touch "$stamp"
 fi
 
