@@ -40,7 +40,7 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     """
     cfg = config_lib.typed(cfg)
     job, state = build_job(cfg)
-    work = workload(job, state.params)
+    work = workload(job, job.policy_params(state.params))
     out = cfg.out_dir
     os.makedirs(out, exist_ok=True)
     ckpt = Checkpointer(os.path.join(out, "checkpoints"), keep=cfg.checkpoint.keep)
@@ -60,11 +60,14 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     # One process writes the logs (every process holds the same, gathered, metrics).
     logger = MetricLogger(out, total_steps=cfg.steps, start=start, write=jax.process_index() == 0)
     peak = max((h.get("eval/success", -1.0) for h in history), default=-1.0)
+    policy = None  # the samplers' parameters of this state (LoRA: merged once per update)
     try:
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
-            episodes, stats = work.collect(job, state.params, step)
+            policy = job.policy_params(state.params) if policy is None else policy
+            episodes, stats = work.collect(job, policy, step)
             t1 = time.perf_counter()
+            policy = None  # LoRA's merged copy is not held through the update
             state, train_metrics = train_on(job, state, episodes)
             t2 = time.perf_counter()
             tokens = sum(allgather_json(sum(len(e.conversation) for e in episodes)))
@@ -72,7 +75,8 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
                        "time/rollout_s": t1 - t0, "time/train_s": t2 - t1,
                        "time/tokens_per_s": tokens / max(t2 - t0, 1e-9)}
             if cfg.eval.every and step % cfg.eval.every == 0:
-                metrics.update(work.evaluate(job, state.params, step))
+                policy = job.policy_params(state.params)
+                metrics.update(work.evaluate(job, policy, step))
                 metrics["time/eval_s"] = time.perf_counter() - t2
                 peak = max(peak, metrics.get("eval/success", -1.0))
                 metrics["eval/success_peak"] = peak
