@@ -1,0 +1,63 @@
+"""LoRA through the whole job: the state and checkpoints hold the adapters alone, a run resumes
+from them, and the export is the merged model in full (transformers reloads it with our logits)
+plus a PEFT directory that `peft` loads onto the base with the same logits."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+from jaxscaffold.models import hf_io, qwen3
+from jaxscaffold.models.config import tiny
+from jaxscaffold.train.export import export_checkpoint
+from jaxscaffold.train.trainer import train
+from tests.models.hf_reference import hf_logits
+from tests.train.configs import tiny_config
+
+
+def _dir_bytes(path) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def _bf16_base(path):
+    """A tiny random base saved as bf16 (so the run's bf16 base and transformers' f32 reload
+    hold the same values)."""
+    config = tiny(param_dtype="bfloat16")
+    hf_io.save_pretrained(str(path), config, qwen3.init_params(config, jax.random.key(0)))
+    return str(path)
+
+
+@pytest.mark.slow
+def test_lora_run_checkpoints_adapters_resumes_and_exports_merged_and_peft(tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    base_dir = _bf16_base(tmp_path / "base")
+    lora = {"lora.rank": 4, "lora.alpha": 8.0, "lora.targets": "q,v,o,down", "lora.base_dtype": "bfloat16",
+            "model.hf_path": base_dir, "rl.lr": 1e-2, "eval.every": 2, "checkpoint.every": 1}
+    run = tmp_path / "run"
+    out = train(tiny_config(run, steps=2, **lora))
+    params = out["state"].params
+    assert sorted(params) == ["down", "o", "q", "v"] and all(sorted(v) == ["a", "b"] for v in params.values())
+    assert all(float(np.abs(np.asarray(v["b"])).max()) > 0 for v in params.values())  # trained
+    # The checkpoint: adapters and their moments, not the 10M-parameter base (40 MB in f32).
+    adapter_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+    assert _dir_bytes(run / "checkpoints" / "2") < 4 * adapter_bytes + 1_000_000 < 20_000_000
+    resumed = train(tiny_config(run, steps=3, **lora))["history"]
+    assert [h["step"] for h in resumed] == [1, 2, 3] and "eval/success" in resumed[1]
+
+    report = export_checkpoint(str(run), str(tmp_path / "hf"), peft_out=str(tmp_path / "peft"))
+    assert report["step"] == 3 and report["max_abs_logit_diff"] < 1e-4
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
+    tokens = np.random.RandomState(0).randint(0, 1000, (2, 9))
+    plain = hf_logits(base, tokens)
+    with_peft = hf_logits(PeftModel.from_pretrained(base, str(tmp_path / "peft")).eval(), tokens)
+    want = hf_logits(merged, tokens)
+    assert np.abs(want - plain).max() > 1e-4  # the adapters changed the model
+    assert np.abs(with_peft - want).max() / max(1.0, np.abs(want).max()) < 1e-5
+    with pytest.raises(ValueError, match="PEFT adapter export needs a LoRA run"):
+        full = tmp_path / "full"
+        train(tiny_config(full, steps=1, **{"eval.every": 0, "checkpoint.every": 1}))
+        export_checkpoint(str(full), str(tmp_path / "x"), peft_out=str(tmp_path / "y"))
