@@ -21,12 +21,31 @@ def _dir_bytes(path) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
-def _bf16_base(path):
+def _bf16_base(path, final_norm: float = 1.0):
     """A tiny random base saved as bf16 (so the run's bf16 base and transformers' f32 reload
-    hold the same values)."""
+    hold the same values), its final norm's weight `final_norm`."""
     config = tiny(param_dtype="bfloat16")
-    hf_io.save_pretrained(str(path), config, qwen3.init_params(config, jax.random.key(0)))
+    params = qwen3.init_params(config, jax.random.key(0))
+    hf_io.save_pretrained(str(path), config, dict(params, final_norm=params["final_norm"] * final_norm))
     return str(path)
+
+
+@pytest.mark.slow
+def test_lora_learns_the_letters_task(tmp_path):
+    """Only the adapters train, and the letters reward rises (a random policy scores ~0.12).
+    The base's final norm is scaled up (x12): the adapters cannot touch the (tied) embedding,
+    and at the random init's norm no direction of the last hidden state moves the logits of a
+    151,936-token vocabulary enough to favour a few tokens (measured: no rise in 30 steps at
+    any lr); x12 leaves the initial policy random (entropy ~5) but learnable. Measured with
+    this config: reward ~0.12 for 30 steps, then 0.17, 0.25, 0.35 at steps 36, 38, 40."""
+    cfg = tiny_config(tmp_path / "run", steps=50, **{
+        "model.hf_path": _bf16_base(tmp_path / "base", final_norm=12.0), "lora.rank": 8,
+        "lora.base_dtype": "bfloat16", "rl.lr": 3e-2, "rollout.tasks_per_step": 4, "rollout.group_size": 8,
+        "eval.every": 0, "checkpoint.every": 50})
+    hist = train(cfg)["history"]
+    reward = [h["rollout/reward"] for h in hist]
+    first, last = np.mean(reward[:10]), np.mean(reward[-5:])
+    assert first < 0.2 and last > first + 0.1, reward
 
 
 @pytest.mark.slow
