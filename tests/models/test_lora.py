@@ -5,7 +5,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 
 from jaxscaffold.models import hf_io, lora as lora_lib, peft_io, qwen3
 from jaxscaffold.models.config import tiny
