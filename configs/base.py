@@ -86,4 +86,10 @@ def get_config() -> ConfigDict:
     c.checkpoint = ConfigDict()
     c.checkpoint.every = 10  # save every N steps (and at the end)
     c.checkpoint.keep = 3  # checkpoints kept
+
+    c.lora = ConfigDict()
+    c.lora.rank = 0  # LoRA adapter rank (0: off, full fine-tuning); on: only the adapters train and are checkpointed
+    c.lora.alpha = 16.0  # LoRA scale numerator: W' = W + alpha / rank * A @ B (as PEFT, not rsLoRA)
+    c.lora.targets = "q,k,v,o,gate,up,down"  # adapted projections, comma-separated among q,k,v,o,gate,up,down
+    c.lora.base_dtype = "bfloat16"  # the frozen base weights' dtype (the adapters and their moments: model.param_dtype)
     return c

@@ -133,6 +133,18 @@ class Checkpoint:
 
 
 @dataclasses.dataclass(frozen=True)
+class Lora:
+    rank: int
+    alpha: float
+    targets: str
+    base_dtype: Literal["float32", "bfloat16", "float16"]
+
+    def target_names(self) -> tuple[str, ...]:
+        """`targets` parsed: the adapted matrices' names."""
+        return tuple(t.strip() for t in self.targets.split(",") if t.strip())
+
+
+@dataclasses.dataclass(frozen=True)
 class Filter:
     enabled: bool
     sft_share: float
@@ -185,6 +197,7 @@ class RunConfig:
     eval: Eval
     checkpoint: Checkpoint
     rwml: RWML | None = None  # the world-model section (configs/rwml.py); only `job = "rwml"` reads it
+    lora: Lora | None = None  # LoRA adapters (configs/base.py); None (configs written before it): off
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-serialisable values (checkpoints keep the config they were written with)."""
@@ -401,6 +414,23 @@ def validate(cfg: RunConfig) -> None:
     _range("checkpoint.keep", cfg.checkpoint.keep, 1)
     if cfg.job == "rwml":
         _check_rwml(cfg)
+    if cfg.lora is not None:
+        _check_lora(cfg)
+
+
+def _check_lora(cfg: RunConfig) -> None:
+    from jaxscaffold.models import lora
+
+    lo = cfg.lora
+    _range("lora.rank", lo.rank, 0)
+    _range("lora.alpha", lo.alpha, 0.0, strict=True)
+    if not lo.target_names():
+        raise ConfigError(f"config.lora.targets={lo.targets!r} names no matrix (comma-separated among "
+                          f"{', '.join(lora.TARGETS)})")
+    for name in lo.target_names():
+        _one_of("lora.targets", name, lora.TARGETS)
+    if lo.rank and cfg.job != "rl":
+        raise ConfigError(f"config.lora.rank={lo.rank}: LoRA trains task RL (job='rl') only, not job={cfg.job!r}")
 
 
 def _check_update(r: RL) -> None:

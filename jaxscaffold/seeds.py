@@ -34,6 +34,7 @@ STREAMS = (
     "filter_samples",  # ... the predictor's K sampled answers
     "filter_keep",  # ... the coins that keep easy triples
     "sft",  # RWML: the WM-SFT baseline's batches
+    "lora",  # LoRA: the adapters' initial A matrices
 )
 
 

@@ -1,6 +1,7 @@
 """Exports a training checkpoint to a Hugging Face directory and checks it with transformers.
 
   python launch/export_hf.py --checkpoint runs/tiny --out /tmp/tiny-hf [--step N] [--dtype bfloat16]
+      [--peft_out /tmp/tiny-lora]   (a LoRA run: also its adapters as a PEFT directory)
 """
 
 from __future__ import annotations
@@ -18,13 +19,18 @@ def main() -> None:
     p.add_argument("--out", required=True, help="the HF directory to write")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     p.add_argument("--dtype", default=None, help="tensor dtype in the export (default: the parameters')")
+    p.add_argument("--peft_out", default=None, help="a LoRA run: also write its adapters as a PEFT adapter directory")
     args = p.parse_args()
     from jaxscaffold.train.checkpoint import CheckpointNotFound
     from jaxscaffold.train.export import export_checkpoint
     try:
-        report = export_checkpoint(args.checkpoint, args.out, step=args.step, dtype=args.dtype)
+        report = export_checkpoint(args.checkpoint, args.out, step=args.step, dtype=args.dtype,
+                                   peft_out=args.peft_out)
     except CheckpointNotFound as e:
         sys.exit(f"error: {e}")
+    except ValueError as e:  # e.g. --peft_out for a run without LoRA
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     print(f"exported step {report['step']} to {report['out']}; transformers reload: "
           f"max |logit difference| = {report['max_abs_logit_diff']:.2e}")
 

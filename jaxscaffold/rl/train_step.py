@@ -34,6 +34,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxscaffold import backends
 from jaxscaffold.buckets import pow2_bucket
+from jaxscaffold.models import lora as lora_lib
 from jaxscaffold.models.config import Qwen3Config
 from jaxscaffold.models.qwen3 import param_shapes, param_shardings
 from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules
@@ -96,11 +97,13 @@ def init_train_state(params, optimizer: optax.GradientTransformation) -> TrainSt
                       skipped=jnp.zeros((), jnp.int32))
 
 
-def state_shardings(config: Qwen3Config, optimizer, mesh, rules: ShardingRules = DEFAULT_RULES) -> TrainState:
-    """Shardings of a TrainState: optimizer moments shard like their parameters."""
-    p_sh = param_shardings(config, mesh, rules)
+def state_shardings(config: Qwen3Config, optimizer, mesh, rules: ShardingRules = DEFAULT_RULES,
+                    lora: lora_lib.LoraConfig | None = None) -> TrainState:
+    """Shardings of a TrainState: optimizer moments shard like their parameters (with `lora`,
+    the trained parameters are the adapters)."""
+    p_sh = param_shardings(config, mesh, rules) if lora is None else lora_lib.adapter_shardings(config, lora, mesh, rules)
     replicated = NamedSharding(mesh, PartitionSpec())
-    shapes = jax.eval_shape(optimizer.init, param_shapes(config))
+    shapes = jax.eval_shape(optimizer.init, param_shapes(config) if lora is None else lora_lib.adapter_shapes(config, lora))
     opt_sh = optax.tree_map_params(optimizer, lambda _, s: s, shapes, p_sh,
                                    transform_non_params=lambda _: replicated)
     return TrainState(step=replicated, params=p_sh, opt_state=opt_sh, skipped=replicated)
@@ -133,7 +136,7 @@ Optimizer = optax.GradientTransformation | OptimizerConfig
 def make_train_step(model_config: Qwen3Config, algo: AlgorithmConfig, optimizer: Optimizer,
                     *, num_micro_batches: int = 1, agg_constant: float | None = None, logprob_chunk: int | None = None,
                     mesh=None, rules: ShardingRules = DEFAULT_RULES, with_reference: bool = False,
-                    score_masked_only: bool = True, backend=None) -> Callable:
+                    score_masked_only: bool = True, backend=None, lora: lora_lib.LoraConfig | None = None) -> Callable:
     """Builds `train_step(state, batch[, ref_params]) -> (state, metrics)`, jitted.
 
     `optimizer`: an optax transformation, or an `OptimizerConfig` (the same transformation as
@@ -150,22 +153,29 @@ def make_train_step(model_config: Qwen3Config, algo: AlgorithmConfig, optimizer:
     `backend` (default: the platform's, `backends.current()`) supplies the model's kernels
     (e.g. the CPU's dense-layer VJP); a memory plan or a FLOP count for an accelerator passes
     `backends.accelerator.Accelerator()` on any machine.
+    `lora` (a `models.lora.LoraConfig`): the step is `train_step(state, batch, base)`, the
+    state's parameters are the adapters (the only ones in the optimizer), `base` the frozen
+    parameters they are merged into (`lora.merge`); the reference, when `with_reference`, is
+    the base itself (the adapters at zero), so no reference argument.
     """
     if algo.kl_coef and not with_reference:
         raise ValueError(f"{algo.name}: kl_coef={algo.kl_coef} needs with_reference=True (frozen reference params)")
     return _train_step(_Step(model_config, PolicyObjective(algo, agg_constant, logprob_chunk), optimizer,
-                             num_micro_batches, mesh, rules, with_reference, backend or backends.current()),
+                             num_micro_batches, mesh, rules, with_reference, backend or backends.current(), lora),
                        score_masked_only)
 
 
 def make_sft_step(model_config: Qwen3Config, optimizer: Optimizer, *,
                   num_micro_batches: int = 1, logprob_chunk: int | None = None, mesh=None,
-                  rules: ShardingRules = DEFAULT_RULES, score_masked_only: bool = True, backend=None) -> Callable:
+                  rules: ShardingRules = DEFAULT_RULES, score_masked_only: bool = True, backend=None,
+                  lora: lora_lib.LoraConfig | None = None) -> Callable:
     """`sft_step(state, batch) -> (state, metrics)`: token-level cross-entropy on the masked
     tokens (mean over all of the batch's masked tokens), the same state, batch layout,
-    sharding, accumulation and non-finite guard as `make_train_step`; adv / old_logp unused."""
+    sharding, accumulation and non-finite guard as `make_train_step` (and its `lora`
+    form, `sft_step(state, batch, base)`); adv / old_logp unused."""
     return _train_step(_Step(model_config, SFTObjective(logprob_chunk), optimizer, num_micro_batches, mesh,
-                             rules, with_reference=False, backend=backend or backends.current()), score_masked_only)
+                             rules, with_reference=False, backend=backend or backends.current(), lora=lora),
+                       score_masked_only)
 
 
 def _logprobs(params, config, mb, num_positions, logprob_chunk):
@@ -230,6 +240,7 @@ class _Step:
     rules: ShardingRules
     with_reference: bool
     backend: Any  # a frozen dataclass of `jaxscaffold.backends` (hashable): the model's kernels
+    lora: lora_lib.LoraConfig | None = None  # trained parameters are adapters over a frozen base
 
     @property
     def transformation(self) -> optax.GradientTransformation:
@@ -237,12 +248,15 @@ class _Step:
         return opt.make() if isinstance(opt, OptimizerConfig) else opt
 
 
-def _update(step: _Step, num_positions, state: TrainState, batch: dict, ref_params=None):
+def _update(step: _Step, num_positions, state: TrainState, batch: dict, ref_params=None, base=None):
     """The optimizer step around the micro-batch loss: exact accumulation over micro-batches
     (every loss term divides by the full batch's counts) and a skipped non-finite step."""
     batch = {k: batch[k] for k in _batch_keys(batch)}
     denominators = loss_denominators(batch["loss_mask_BT"])
     loss_fn = functools.partial(step.objective, step.backend.with_kernels(step.model_config))
+    if step.lora is not None:  # LoRA: differentiate through the merge, w.r.t. the adapters only
+        loss_fn = _lora_loss(loss_fn, step, base)
+        ref_params = base if step.with_reference else None
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
     def grads_and_metrics(mb):
@@ -282,17 +296,29 @@ def _update(step: _Step, num_positions, state: TrainState, batch: dict, ref_para
     return new_state, metrics
 
 
+def _lora_loss(loss_fn: Callable, step: _Step, base) -> Callable:
+    """`loss_fn` of the adapters: the base merged with them, in the model's compute dtype."""
+    def loss(adapters, *args):
+        return loss_fn(lora_lib.merge(base, adapters, step.lora, dtype=step.model_config.compute_dtype), *args)
+    return loss
+
+
 @functools.lru_cache(maxsize=64)
 def _program(step: _Step, num_positions: int | None, keys: tuple = tuple(BATCH_AXES)):
     """The jitted update of one scored-positions bucket and batch entries (`keys`), explicit
     shardings, state donated (memoised: a jitted function keeps its compiled executables)."""
     shardings = {}
     if step.mesh is not None:
-        st_sh = state_shardings(step.model_config, step.transformation, step.mesh, step.rules)
-        in_sh = (st_sh, batch_shardings(step.mesh, step.rules, keys)) + ((st_sh.params,) if step.with_reference else ())
+        st_sh = state_shardings(step.model_config, step.transformation, step.mesh, step.rules, step.lora)
+        full_sh = param_shardings(step.model_config, step.mesh, step.rules)
+        # The extra argument: the reference's parameters (with_reference), or LoRA's base.
+        extra = (full_sh,) if step.with_reference or step.lora is not None else ()
+        in_sh = (st_sh, batch_shardings(step.mesh, step.rules, keys)) + extra
         shardings = dict(in_shardings=in_sh, out_shardings=(st_sh, NamedSharding(step.mesh, PartitionSpec())))
-    def update(state, batch, *ref_params):  # ref_params: () or (the reference's params,)
-        return _update(step, num_positions, state, batch, *ref_params)
+    def update(state, batch, *frozen):  # (), (the reference's params,) or (LoRA's base,)
+        if step.lora is not None:
+            return _update(step, num_positions, state, batch, base=frozen[0])
+        return _update(step, num_positions, state, batch, *frozen)
 
     return jax.jit(update, donate_argnums=(0,), **shardings)
 

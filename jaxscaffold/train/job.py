@@ -16,6 +16,7 @@ from jaxscaffold import seeds
 from jaxscaffold.config import RunConfig
 from jaxscaffold.models import config as model_config_lib
 from jaxscaffold.models import hf_io, qwen3
+from jaxscaffold.models import lora as lora_lib
 from jaxscaffold.models.sharding import MeshConfig, make_mesh, maybe_initialize_distributed
 from jaxscaffold.models.tokenizer import load_tokenizer
 from jaxscaffold.rl.presets import preset
@@ -38,13 +39,31 @@ class Job:
     algo: Any
     row_multiple: int
     ref_params: Any = None  # frozen reference policy (the initial parameters) when kl_coef > 0
+    lora: Any = None  # a `models.lora.LoraConfig` when the state trains LoRA adapters (then the reference is the base)
+    base_params: Any = None  # LoRA: the frozen base the adapters merge into (bound into `train_step`)
+
+    def policy_params(self, params):
+        """The parameters the samplers decode with, of the state's `params`: themselves, or
+        with LoRA the base merged with these adapters (call once per update)."""
+        if self.lora is None:
+            return params
+        return lora_lib.merged(self.model_config, self.base_params, params, self.lora)
+
+
+def lora_config(lo: config_lib.Lora | None) -> lora_lib.LoraConfig | None:
+    """The adapters of a run's `lora` section (None: full fine-tuning; configs written before
+    LoRA have no section)."""
+    if lo is None or lo.rank == 0:
+        return None
+    return lora_lib.LoraConfig(rank=lo.rank, alpha=lo.alpha, targets=lo.target_names())
 
 
 def model_config(cfg: RunConfig) -> model_config_lib.Qwen3Config:
     """The run's architecture and execution options without loading a weight: the checkpoint's
-    config.json (`model.hf_path`), else the preset."""
+    config.json (`model.hf_path`), else the preset. With LoRA the parameters are the frozen
+    base, in `lora.base_dtype`."""
     m = cfg.model
-    execution = dict(param_dtype=m.param_dtype, compute_dtype=m.compute_dtype, scan_layers=m.scan_layers,
+    execution = dict(param_dtype=base_dtype(cfg), compute_dtype=m.compute_dtype, scan_layers=m.scan_layers,
                      remat_policy=m.remat_policy)
     if m.hf_path:
         path = os.path.join(m.hf_path, "config.json")
@@ -59,11 +78,17 @@ def model_config(cfg: RunConfig) -> model_config_lib.Qwen3Config:
     return model_config_lib.preset(m.preset, **execution)
 
 
+def base_dtype(cfg: RunConfig) -> str:
+    """The dtype the model's parameters are stored in: the master weights' (model.param_dtype),
+    or with LoRA the frozen base's (lora.base_dtype)."""
+    return cfg.lora.base_dtype if lora_config(cfg.lora) is not None else cfg.model.param_dtype
+
+
 def build_model(cfg: RunConfig, mesh):
     """(model config, params) from an HF directory, or a random init of a preset."""
     m = cfg.model
     if m.hf_path:
-        return hf_io.load_pretrained(m.hf_path, dtype=m.param_dtype, mesh=mesh, compute_dtype=m.compute_dtype,
+        return hf_io.load_pretrained(m.hf_path, dtype=base_dtype(cfg), mesh=mesh, compute_dtype=m.compute_dtype,
                                      scan_layers=m.scan_layers, remat_policy=m.remat_policy)
     config = model_config(cfg)
     return config, qwen3.init_params(config, jax.random.key(seeds.derive(cfg.seed, "init")), mesh=mesh)
@@ -104,10 +129,18 @@ def build_job(cfg) -> tuple[Job, Any]:
     opt = opt_config.make()
     data_parallel = mesh.shape["data"] * mesh.shape["fsdp"]
     with_reference = bool(algo.kl_coef)
+    lora = lora_config(cfg.lora)
     # The config (not `opt`) names the optimizer: equal configs share the compiled step.
     step_fn = make_train_step(model_config, algo, opt_config, num_micro_batches=r.micro_batches, mesh=mesh,
-                              agg_constant=float(c.max_new_tokens * c.max_turns), with_reference=with_reference)
-    shardings = state_shardings(model_config, opt, mesh)
+                              agg_constant=float(c.max_new_tokens * c.max_turns), with_reference=with_reference,
+                              lora=lora)
+    shardings = state_shardings(model_config, opt, mesh, lora=lora)
+    base_params = None
+    if lora is not None:  # LoRA: the state trains the adapters; the base is frozen (and the reference)
+        base_params, with_reference = params, False
+        params = lora_lib.init_adapters(model_config, lora, jax.random.key(seeds.derive(cfg.seed, "lora")),
+                                        mesh=mesh, dtype=cfg.model.param_dtype)
+        step_fn = bind_base(step_fn, base_params)
     # The reference is a copy (the state's parameters are donated to each step).
     ref_params = jax.tree.map(jnp.copy, params) if with_reference else None
     state = jax.device_put(init_train_state(params, opt), shardings)
@@ -122,5 +155,13 @@ def build_job(cfg) -> tuple[Job, Any]:
     eval_sampler = Sampler(model_config, batch_size=eval_rows, max_len=cfg.eval.max_len or c.max_len,
                            sampling=GREEDY, cache_dtype=cfg.model.cache_dtype)
     job = Job(cfg, mesh, model_config, tokenizer, sampler, eval_sampler, step_fn, algo,
-              row_multiple=r.micro_batches * data_parallel, ref_params=ref_params)
+              row_multiple=r.micro_batches * data_parallel, ref_params=ref_params, lora=lora,
+              base_params=base_params)
     return job, state
+
+
+def bind_base(lora_step, base_params):
+    """A LoRA step `(state, batch, base)` as `(state, batch)`, the form every caller uses."""
+    def train_step(state, batch):
+        return lora_step(state, batch, base_params)
+    return train_step

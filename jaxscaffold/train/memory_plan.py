@@ -33,12 +33,13 @@ from jaxscaffold.backends.accelerator import Accelerator
 from jaxscaffold.buckets import pow2_bucket
 from jaxscaffold.config import RunConfig
 from jaxscaffold.models import qwen3
+from jaxscaffold.models import lora as lora_lib
 from jaxscaffold.models.sharding import MeshConfig, make_mesh
 from jaxscaffold.rl.presets import preset
 from jaxscaffold.rl.train_step import (BATCH_AXES, OptimizerConfig, TrainState, batch_shardings, init_train_state,
                                        make_train_step, state_shardings)
 from jaxscaffold.rollout.engine import Sampler
-from jaxscaffold.train.job import model_config
+from jaxscaffold.train.job import lora_config, model_config
 
 GB = 1e9
 
@@ -57,10 +58,11 @@ class MemoryPlan:
     sampler_weights: int
     kv_cache: int
     notes: tuple[str, ...] = ()
+    frozen_base: int = 0  # LoRA: the frozen base weights (params, opt_state, grads: the adapters')
 
     @property
     def state(self) -> int:
-        return self.params + self.opt_state + self.reference
+        return self.params + self.opt_state + self.reference + self.frozen_base
 
     @property
     def train_peak(self) -> int:
@@ -114,7 +116,8 @@ class MemoryPlan:
     def table(self) -> str:
         rows = [("parameters", self.params), ("optimizer state", self.opt_state), ("gradients", self.grads),
                 ("activations (train step temporaries)", self.activations),
-                ("KL reference parameters", self.reference), ("sampler weights", self.sampler_weights),
+                ("KL reference parameters", self.reference), ("LoRA frozen base", self.frozen_base),
+                ("sampler weights", self.sampler_weights),
                 ("KV cache", self.kv_cache), ("peak, train phase", self.train_peak),
                 ("peak, rollout phase", self.rollout_peak)]
         lines = [f"{name:<40} {'not compiled' if b is None else f'{b / GB:9.2f} GB'}" for name, b in rows]
@@ -165,20 +168,25 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
                                  warmup_steps=r.warmup_steps)
     optimizer = opt_config.make()
     param_shapes = qwen3.param_shapes(config)
-    state_sh = state_shardings(config, optimizer, mesh)
-    state_shapes = jax.eval_shape(lambda p: init_train_state(p, optimizer), param_shapes)
+    # LoRA: the state trains the adapters; the base (also the KL reference) is a frozen argument.
+    lora = lora_config(cfg.lora)
+    trained = param_shapes if lora is None else lora_lib.adapter_shapes(config, lora, cfg.model.param_dtype)
+    state_sh = state_shardings(config, optimizer, mesh, lora=lora)
+    state_shapes = jax.eval_shape(lambda p: init_train_state(p, optimizer), trained)
     params = _shard_bytes(state_shapes.params, state_sh.params)
     opt_state = _shard_bytes(state_shapes.opt_state, state_sh.opt_state)
     algo = preset(r.algorithm, kl_coef=r.kl_coef, entropy_coef=r.entropy_coef)
     with_reference = bool(algo.kl_coef)
-    reference = params if with_reference else 0
+    reference = params if with_reference and lora is None else 0
+    base_sh = qwen3.param_shardings(config, mesh)
+    frozen_base = 0 if lora is None else _shard_bytes(param_shapes, base_sh)
     notes = []
 
     activations = None
     if compile_step:
         step = make_train_step(config, algo, opt_config, num_micro_batches=r.micro_batches, mesh=mesh,
                                agg_constant=float(c.max_new_tokens * c.max_turns), with_reference=with_reference,
-                               backend=Accelerator())
+                               backend=Accelerator(), lora=lora)
         rows, length, positions = worst_case_batch(cfg)
         data_parallel = mesh.shape["data"] * mesh.shape["fsdp"]
         rows += (-rows) % (r.micro_batches * data_parallel)
@@ -189,6 +197,8 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
                  for k in BATCH_AXES}
         state = _abstract(state_shapes, state_sh)
         ref = (_abstract(state_shapes.params, state_sh.params),) if with_reference else ()
+        if lora is not None:  # the step's frozen argument is the base
+            ref = (_abstract(param_shapes, base_sh),)
         stats = step.lower(state, batch, *ref, num_positions=positions).compile().memory_analysis()
         grads = params
         activations = max(0, int(stats.temp_size_in_bytes) - grads)
@@ -220,5 +230,11 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
         notes.append("on several processes rollouts gather the whole model onto one device of each")
     if cache_sh is None:
         notes.append("the sampler is not sharded: its cache and weights sit on one device of each process")
+    if lora is not None:  # the merge the samplers decode with: its targets are new arrays
+        dtype = jnp.promote_types(config.param_dtype, config.compute_dtype)
+        sampler_weights += sum(_shard_bytes(jax.ShapeDtypeStruct(param_shapes["layers"][t].shape, dtype),
+                                            base_sh["layers"][t]) for t in lora.targets)
+        notes.append(f"LoRA rank {lora.rank}: the samplers decode with the base merged with the adapters "
+                     "(a copy of the adapted matrices, made once per update)")
     return MemoryPlan(len(devices), hbm_bytes, params, opt_state, grads, activations, reference, sampler_weights,
-                      kv, tuple(notes))
+                      kv, tuple(notes), frozen_base=frozen_base)

@@ -42,7 +42,7 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     """
     cfg = config_lib.typed(cfg)
     job, state = build_job(cfg)
-    work = workload(job, state.params)
+    work = workload(job, job.policy_params(state.params))
     out = cfg.out_dir
     os.makedirs(out, exist_ok=True)
     ckpt = Checkpointer(os.path.join(out, "checkpoints"), keep=cfg.checkpoint.keep)
@@ -63,15 +63,19 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     # A workload may derive the run's length from its data (RWML: epochs over the triples).
     steps = work.total_steps(cfg.steps) if hasattr(work, "total_steps") else cfg.steps
     logger = MetricLogger(out, total_steps=steps, start=start, write=jax.process_index() == 0)
+    policy = None  # the samplers' parameters of this state (LoRA: merged once per update)
     try:
         if start == 0 and cfg.eval.every and cfg.eval.at_start:  # the untrained model's scores
-            history.append({"step": 0, **_evaluate(work, job, state.params, 0, history)})
+            policy = job.policy_params(state.params)
+            history.append({"step": 0, **_evaluate(work, job, policy, 0, history)})
             logger.log(0, history[-1])
             _write_results(cfg, history, steps)
         for step in range(start + 1, steps + 1):
             t0 = time.perf_counter()
-            episodes, stats = work.collect(job, state.params, step)
+            policy = job.policy_params(state.params) if policy is None else policy
+            episodes, stats = work.collect(job, policy, step)
             t1 = time.perf_counter()
+            policy = None  # LoRA's merged copy is not held through the update
             state, train_metrics = train_on(job, state, episodes)
             t2 = time.perf_counter()
             tokens = sum(allgather_json(sum(len(e.conversation) for e in episodes)))
@@ -80,7 +84,8 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
                        "time/tokens_per_s": tokens / max(t2 - t0, 1e-9)}
             evaluated = cfg.eval.every and step % cfg.eval.every == 0
             if evaluated:
-                metrics.update(_evaluate(work, job, state.params, step, history))
+                policy = job.policy_params(state.params)
+                metrics.update(_evaluate(work, job, policy, step, history))
             history.append(metrics)
             logger.log(step, metrics)
             if evaluated:

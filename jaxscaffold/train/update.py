@@ -45,7 +45,9 @@ def train_on(job: Job, state, episodes: list[Episode]):
     if r.recompute_old_logprobs and batches:
         recompute = make_old_logprob_step(job.model_config, tis_cap=r.tis_cap, num_micro_batches=r.micro_batches,
                                           mesh=job.mesh)
-        batches, parts = zip(*(recompute(state.params, b) for b in batches))  # before any update
+        policy = job.policy_params(state.params)  # LoRA: the base merged with the adapters
+        batches, parts = zip(*(recompute(policy, b) for b in batches))  # before any update
+        del policy
         measured = combine_mismatch([{k: float(v) for k, v in jax.device_get(p).items()} for p in parts])
     steps = []
     for _ in range(r.ppo_epochs):
