@@ -1,0 +1,170 @@
+"""A device check for the first accelerator: correctness against transformers, decode speed
+against the memory-bandwidth limit, train-step MFU; one JSON file.
+
+    python launch/device_check.py --out device_check.json             # on a GPU / TPU (under 8 min on one H200)
+    python launch/device_check.py --quick --out /tmp/check.json       # tiny shapes: the same code on CPU
+
+1. parity: a small random Qwen3 (transformers, on CUDA when torch has it, else CPU) against our
+   forward on the default device: max |logit difference| and the gradient of the mean
+   log-likelihood (largest difference relative to the largest gradient entry), f32.
+2. decode: the stacked sampler (the accelerator layout) on Qwen3-0.6B-shaped random bf16
+   weights at batch 16 and 64, a 512-token prompt then 128 new tokens: tokens/s, and the
+   ratio to the HBM limit (weights + filled KV cache read once per step at --hbm-tbps).
+3. train: one GRPO step of Qwen3-0.6B shapes (bf16 compute, f32 master weights) on 8 x 1,024
+   tokens: seconds per step, XLA's flop count, MFU against --peak-tflops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from jaxscaffold.models import config as model_configs  # noqa: E402
+from jaxscaffold.models import hf_io, qwen3  # noqa: E402
+
+H200 = {"hbm_tbps": 4.8, "peak_tflops": 989.0}  # HBM3e bandwidth; dense bf16 tensor-core peak
+
+
+def timed(fn, reps: int = 3) -> float:
+    """The median seconds of `fn()` (which blocks until its result is ready), after a warm-up."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def parity(quick: bool) -> dict:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    shape = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 intermediate_size=128, vocab_size=512) if quick else dict(
+        num_hidden_layers=4, hidden_size=512, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+        intermediate_size=1536, vocab_size=8192)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(**shape, tie_word_embeddings=False, max_position_embeddings=1024)).eval()
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d)
+        config, params = hf_io.load_pretrained(d, dtype="float32", compute_dtype="float32")
+    model = model.to(device)
+    tokens = np.random.RandomState(0).randint(0, shape["vocab_size"], (2, 64 if quick else 256))
+    ids = torch.as_tensor(tokens, device=device)
+    ref_logits = model(input_ids=ids).logits
+    ref_loss = -torch.log_softmax(ref_logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).mean()
+    ref_loss.backward()
+    ref_grad = model.model.layers[0].mlp.down_proj.weight.grad.detach().cpu().numpy().T  # ours is [in, out]
+
+    def loss(p):
+        logits = qwen3.forward(p, config, jnp.asarray(tokens))
+        lp = jax.nn.log_softmax(logits[:, :-1], -1)
+        return -jnp.mean(jnp.take_along_axis(lp, jnp.asarray(tokens)[:, 1:, None], -1))
+
+    logits = np.asarray(jax.jit(lambda p: qwen3.forward(p, config, jnp.asarray(tokens)))(params))
+    grads = jax.jit(jax.grad(loss))(params)
+    ours_grad = np.asarray(grads["layers"]["down"][0])
+    return {"torch_device": device, "jax_device": str(jax.devices()[0]),
+            "max_abs_logit_diff": float(np.max(np.abs(logits - ref_logits.detach().cpu().numpy()))),
+            "grad_rel_diff": float(np.max(np.abs(ours_grad - ref_grad)) / np.max(np.abs(ref_grad)))}
+
+
+def decode(quick: bool, hbm_tbps: float) -> list[dict]:
+    from jaxscaffold.rollout.engine import Sampler
+    from jaxscaffold.rollout.sampling import GREEDY
+    config = (model_configs.tiny(compute_dtype="bfloat16", param_dtype="bfloat16") if quick
+              else model_configs.preset("qwen3-0.6b", compute_dtype="bfloat16", param_dtype="bfloat16"))
+    params = qwen3.init_params(config, jax.random.key(0))
+    weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+    prompt, new = (32, 16) if quick else (512, 128)
+    out = []
+    for batch in ((2, 4) if quick else (16, 64)):
+        sampler = Sampler(config, batch_size=batch, max_len=prompt + new + 8, sampling=GREEDY, stop_ids=(),
+                          cache_dtype="bfloat16", layout="stacked")
+        prepared = sampler.prepare(params)
+        ids = {s: list(np.random.RandomState(s).randint(0, config.vocab_size, prompt)) for s in range(batch)}
+
+        def run():
+            state = sampler.extend(prepared, sampler.init_state(), ids)
+            state, gens = sampler.generate(prepared, state, list(range(batch)), max_new_tokens=new,
+                                           seeds=list(range(batch)))
+            jax.block_until_ready(state.logits_BV)
+
+        def prefill_only():
+            jax.block_until_ready(sampler.extend(prepared, sampler.init_state(), ids).logits_BV)
+
+        seconds = timed(run) - timed(prefill_only)
+        kv_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 2  # k and v, bf16
+        mean_fill = prompt + new / 2
+        step_bytes = weight_bytes + batch * mean_fill * kv_per_token
+        limit = batch * hbm_tbps * 1e12 / step_bytes  # tokens/s if each step read weights + filled KV once
+        rate = batch * new / seconds
+        out.append({"batch": batch, "tokens_per_s": rate, "hbm_limit_tokens_per_s": limit, "of_limit": rate / limit})
+    return out
+
+
+def train(quick: bool, peak_tflops: float) -> dict:
+    from jaxscaffold.rl.presets import preset
+    from jaxscaffold.rl.train_step import BATCH_AXES, OptimizerConfig, init_train_state, make_train_step
+    config = (model_configs.tiny(compute_dtype="bfloat16") if quick
+              else model_configs.preset("qwen3-0.6b", compute_dtype="bfloat16", remat_policy="full"))
+    rows, length = (2, 128) if quick else (8, 1024)
+    opt = OptimizerConfig()
+    step = make_train_step(config, preset("grpo"), opt)
+    state = init_train_state(qwen3.init_params(config, jax.random.key(0)), opt.make())
+    rng = np.random.RandomState(0)
+    batch = {"tokens_BT": jnp.asarray(rng.randint(0, config.vocab_size, (rows, length)), jnp.int32),
+             "segment_ids_BT": jnp.ones((rows, length), jnp.int32), "loss_mask_BT": jnp.ones((rows, length), jnp.int32),
+             "old_logp_BT": jnp.full((rows, length), -5.0, jnp.float32),
+             "adv_B": jnp.asarray(rng.randn(rows), jnp.float32)}
+    assert set(batch) == set(BATCH_AXES)
+    holder = {"state": state}
+
+    def run():
+        holder["state"], metrics = step(holder["state"], batch)
+        jax.block_until_ready(metrics)
+
+    seconds = timed(run)
+    flops = 6 * config.num_params() * rows * length if hasattr(config, "num_params") else float("nan")
+    return {"rows": rows, "tokens": rows * length, "seconds_per_step": seconds, "model_flops_6NT": flops,
+            "mfu": flops / seconds / (peak_tflops * 1e12)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="device_check.json")
+    p.add_argument("--quick", action="store_true", help="tiny shapes (a CPU dry run of the same code)")
+    p.add_argument("--hbm-tbps", type=float, default=H200["hbm_tbps"])
+    p.add_argument("--peak-tflops", type=float, default=H200["peak_tflops"])
+    args = p.parse_args(argv)
+    report = {"platform": jax.default_backend(), "devices": [str(d) for d in jax.devices()], "quick": args.quick,
+              "jax": jax.__version__}
+    for name, fn in (("parity", lambda: parity(args.quick)), ("decode", lambda: decode(args.quick, args.hbm_tbps)),
+                     ("train", lambda: train(args.quick, args.peak_tflops))):
+        t = time.perf_counter()
+        try:
+            report[name] = fn()
+        except Exception as e:  # one failing part does not lose the others' figures
+            report[name] = {"error": f"{type(e).__name__}: {e}"}
+        report[f"{name}_s"] = time.perf_counter() - t
+        print(f"{name}: {json.dumps(report[name])}", flush=True)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"wrote {args.out}")
+    return 1 if any("error" in report[k] for k in ("parity", "decode", "train") if isinstance(report[k], dict)) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

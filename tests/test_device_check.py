@@ -1,0 +1,23 @@
+"""launch/device_check.py on CPU with tiny shapes: every part runs and reports, parity holds."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.slow
+def test_the_device_check_runs_on_cpu(tmp_path):
+    out = tmp_path / "check.json"
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "device_check.py"), "--quick", "--out", str(out)],
+                         capture_output=True, text=True, timeout=900, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    report = json.load(open(out))
+    assert report["parity"]["max_abs_logit_diff"] < 1e-4 and report["parity"]["grad_rel_diff"] < 1e-4
+    assert [d["batch"] for d in report["decode"]] == [2, 4]
+    assert all(0 < d["of_limit"] and d["tokens_per_s"] > 0 for d in report["decode"])
+    assert report["train"]["seconds_per_step"] > 0 and 0 < report["train"]["mfu"] < 1
