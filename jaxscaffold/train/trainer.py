@@ -47,7 +47,7 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     history: list[dict] = []
     start = 0
     if ckpt.latest_step() is not None:
-        state, extra = ckpt.restore(state)
+        _, state, extra = ckpt.restore_latest(state)
         missing = sorted({"step", "workload", "history"} - set(extra))
         if missing:
             raise ValueError(
