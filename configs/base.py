@@ -80,4 +80,10 @@ def get_config() -> ConfigDict:
     c.checkpoint = ConfigDict()
     c.checkpoint.every = 10  # save every N steps (and at the end)
     c.checkpoint.keep = 3  # checkpoints kept
+    c.checkpoint.allow_change = ""  # comma-separated fields a resume may change (e.g. "rl.lr"); other changes are refused
+
+    c.logging = ConfigDict()
+    c.logging.verbose = False  # also third-party INFO logs (Orbax, absl, JAX); off: their warnings and errors only
+    c.logging.wandb = "off"  # off | offline (files in out_dir/wandb, `wandb sync` uploads them) | online (needs wandb)
+    c.logging.wandb_project = "jaxscaffold"  # wandb project of the run (the run is named after out_dir)
     return c

@@ -44,7 +44,12 @@ def main(argv: list[str]) -> None:
         from jaxscaffold.train.trainer import train
     else:  # world-model RL (RWML's stage 1)
         from jaxscaffold.train.workloads.world_model import train_world_model as train
-    result = train(cfg)
+    from jaxscaffold.train.checkpoint import CheckpointCorrupt
+    try:
+        result = train(cfg)
+    except (config_lib.ConfigError, CheckpointCorrupt) as e:  # a refused resume, no readable checkpoint
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     hist = result["history"]
     if hist:
         last = hist[-1]

@@ -17,6 +17,7 @@ from typing import Any
 import jax
 
 from jaxscaffold import config as config_lib
+from jaxscaffold.train import resume
 from jaxscaffold.train.checkpoint import Checkpointer
 from jaxscaffold.train.job import build_job
 from jaxscaffold.train.logger import MetricLogger
@@ -39,6 +40,7 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     (default: task RL on environments), a `workloads.base.Workload`.
     """
     cfg = config_lib.typed(cfg)
+    changes = resume.check_resume(cfg)  # before the model is built: a refused change costs nothing
     job, state = build_job(cfg)
     work = workload(job, state.params)
     out = cfg.out_dir
@@ -57,6 +59,8 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
         work.set_state(extra["workload"])
         history = extra["history"]
         log.info("resumed from step %d", start)
+    if jax.process_index() == 0:
+        resume.write_config(cfg)
     # One process writes the logs (every process holds the same, gathered, metrics).
     logger = MetricLogger(out, total_steps=cfg.steps, start=start, write=jax.process_index() == 0)
     peak = max((h.get("eval/success", -1.0) for h in history), default=-1.0)
