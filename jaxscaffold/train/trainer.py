@@ -11,15 +11,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from typing import Any
 
 import jax
 
 from jaxscaffold import config as config_lib
-from jaxscaffold.train import resume
+from jaxscaffold.train import resume, startup
 from jaxscaffold.train.checkpoint import Checkpointer
-from jaxscaffold.train.job import build_job
+from jaxscaffold.train.job import build_job, optimizer_config
 from jaxscaffold.train.logger import MetricLogger
 from jaxscaffold.train.multihost import allgather_json
 from jaxscaffold.train.update import train_on
@@ -40,6 +41,7 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     (default: task RL on environments), a `workloads.base.Workload`.
     """
     cfg = config_lib.typed(cfg)
+    startup.configure_logging(cfg.logging.verbose)
     changes = resume.check_resume(cfg)  # before the model is built: a refused change costs nothing
     job, state = build_job(cfg)
     work = workload(job, state.params)
@@ -61,8 +63,10 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
         log.info("resumed from step %d", start)
     if jax.process_index() == 0:
         resume.write_config(cfg)
+        print(startup.summary(cfg, job.mesh, state.params, start=start, changes=changes), file=sys.stderr, flush=True)
     # One process writes the logs (every process holds the same, gathered, metrics).
-    logger = MetricLogger(out, total_steps=cfg.steps, start=start, write=jax.process_index() == 0)
+    logger = MetricLogger.for_run(cfg, start=start)
+    lr_at = optimizer_config(cfg).learning_rate()
     peak = max((h.get("eval/success", -1.0) for h in history), default=-1.0)
     try:
         for step in range(start + 1, cfg.steps + 1):
@@ -70,6 +74,7 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
             episodes, stats = work.collect(job, state.params, step)
             t1 = time.perf_counter()
             state, train_metrics = train_on(job, state, episodes)
+            train_metrics["train/lr"] = float(lr_at(max(int(state.step) - 1, 0)))  # the step's last update's
             t2 = time.perf_counter()
             tokens = sum(allgather_json(sum(len(e.conversation) for e in episodes)))
             metrics = {"step": step, **stats, **train_metrics,
