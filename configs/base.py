@@ -86,10 +86,16 @@ def get_config() -> ConfigDict:
     c.checkpoint = ConfigDict()
     c.checkpoint.every = 10  # save every N steps (and at the end)
     c.checkpoint.keep = 3  # checkpoints kept
+    c.checkpoint.allow_change = ""  # comma-separated fields a resume may change (e.g. "rl.lr"); other changes are refused
 
     c.lora = ConfigDict()
     c.lora.rank = 0  # LoRA adapter rank (0: off, full fine-tuning); on: only the adapters train and are checkpointed
     c.lora.alpha = 16.0  # LoRA scale numerator: W' = W + alpha / rank * A @ B (as PEFT, not rsLoRA)
     c.lora.targets = "q,k,v,o,gate,up,down"  # adapted projections, comma-separated among q,k,v,o,gate,up,down
     c.lora.base_dtype = "bfloat16"  # the frozen base weights' dtype (the adapters and their moments: model.param_dtype)
+
+    c.logging = ConfigDict()
+    c.logging.verbose = False  # also third-party INFO logs (Orbax, absl, JAX); off: their warnings and errors only
+    c.logging.wandb = "off"  # off | offline (files in out_dir/wandb, `wandb sync` uploads them) | online (needs wandb)
+    c.logging.wandb_project = "jaxscaffold"  # wandb project of the run (the run is named after out_dir)
     return c

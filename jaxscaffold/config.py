@@ -130,6 +130,18 @@ class Eval:
 class Checkpoint:
     every: int
     keep: int
+    allow_change: str = ""  # (default: configs written before the field load) fields a resume may change
+
+    def allowed_changes(self) -> list[str]:
+        """The dotted fields `allow_change` lists."""
+        return [a.strip() for a in self.allow_change.split(",") if a.strip()]
+
+
+@dataclasses.dataclass(frozen=True)
+class Logging:
+    verbose: bool = False
+    wandb: Literal["off", "offline", "online"] = "off"
+    wandb_project: str = "jaxscaffold"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +208,7 @@ class RunConfig:
     feedback: Feedback
     eval: Eval
     checkpoint: Checkpoint
+    logging: Logging = Logging()  # (a default: configs written before the section load)
     rwml: RWML | None = None  # the world-model section (configs/rwml.py); only `job = "rwml"` reads it
     lora: Lora | None = None  # LoRA adapters (configs/base.py); None (configs written before it): off
 
@@ -412,6 +425,7 @@ def validate(cfg: RunConfig) -> None:
     _range("eval.max_len", cfg.eval.max_len, 0)
     _range("checkpoint.every", cfg.checkpoint.every, 1)
     _range("checkpoint.keep", cfg.checkpoint.keep, 1)
+    _check_run_ux(cfg)
     if cfg.job == "rwml":
         _check_rwml(cfg)
     if cfg.lora is not None:
@@ -443,6 +457,31 @@ def _check_update(r: RL) -> None:
     if r.tis_cap and not r.recompute_old_logprobs:
         raise ConfigError(f"config.rl.tis_cap={r.tis_cap} weights by pi_trainer_old / pi_sampler: it needs "
                           "rl.recompute_old_logprobs=True")
+
+
+def _check_run_ux(cfg: RunConfig) -> None:
+    """checkpoint.allow_change names fields; logging.wandb needs the (optional) wandb package."""
+    fields = set(flat_fields(cfg.to_dict()))
+    for name in cfg.checkpoint.allowed_changes():
+        if name not in fields:
+            raise ConfigError(f"config.checkpoint.allow_change: {name!r} is not a config field"
+                              f"{_did_you_mean(name, sorted(fields))}")
+    if cfg.logging.wandb != "off":
+        import importlib.util
+        if importlib.util.find_spec("wandb") is None:
+            raise ConfigError(f"config.logging.wandb={cfg.logging.wandb!r} needs the wandb package "
+                              "(pip install wandb), or logging.wandb='off'")
+
+
+def flat_fields(d: Mapping, prefix: str = "") -> dict[str, Any]:
+    """A config dict's leaves by dotted name: {"rl.lr": 1e-6, ...} (a None section is a leaf)."""
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, Mapping):
+            out.update(flat_fields(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
 
 
 def _check_rwml(cfg: RunConfig) -> None:

@@ -9,7 +9,6 @@ runtime (`jax.distributed`) automatically.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
@@ -39,12 +38,18 @@ def main(argv: list[str]) -> None:
     except config_lib.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from jaxscaffold.train.startup import configure_logging
+    configure_logging(cfg.logging.verbose)  # before the libraries load: third-party INFO only when asked
     if cfg.job == "rl":  # task RL on environments (FEE, the standard baseline, RWML's stage 2)
         from jaxscaffold.train.trainer import train
     else:  # world-model RL (RWML's stage 1)
         from jaxscaffold.train.workloads.world_model import train_world_model as train
-    result = train(cfg)
+    from jaxscaffold.train.checkpoint import CheckpointCorrupt
+    try:
+        result = train(cfg)
+    except (config_lib.ConfigError, CheckpointCorrupt) as e:  # a refused resume, no readable checkpoint
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     hist = result["history"]
     if hist:
         last = hist[-1]

@@ -114,6 +114,12 @@ def mesh_devices(cfg) -> list | None:
     return jax.devices()[:n]
 
 
+def optimizer_config(cfg: RunConfig) -> OptimizerConfig:
+    """The run's optimizer (its `learning_rate()` schedule is what the logs report)."""
+    r = cfg.rl
+    return OptimizerConfig(lr=r.lr, weight_decay=r.weight_decay, grad_clip=r.grad_clip, warmup_steps=r.warmup_steps)
+
+
 def build_job(cfg) -> tuple[Job, Any]:
     """The `Job` of `cfg` and the initial train state (parameters and optimizer state, sharded
     over the mesh). Starts JAX's multi-controller runtime first where the environment asks."""
@@ -124,8 +130,7 @@ def build_job(cfg) -> tuple[Job, Any]:
     tokenizer = load_tokenizer(tokenizer_path(cfg.model))
     r, c = cfg.rl, cfg.rollout
     algo = preset(r.algorithm, kl_coef=r.kl_coef, entropy_coef=r.entropy_coef)
-    opt_config = OptimizerConfig(lr=r.lr, weight_decay=r.weight_decay, grad_clip=r.grad_clip,
-                                 warmup_steps=r.warmup_steps)
+    opt_config = optimizer_config(cfg)
     opt = opt_config.make()
     data_parallel = mesh.shape["data"] * mesh.shape["fsdp"]
     with_reference = bool(algo.kl_coef)

@@ -1,5 +1,7 @@
-"""Metrics out: tensorboardX scalars, a console progress line with ETA, and at the end a PNG
-of the learning curves next to the logs."""
+"""Metrics out: a console progress line with an ETA (evaluations included), `metrics.jsonl`,
+backends behind one interface (`scalars`, `close`): TensorBoard always (scalars, the run's
+hyperparameters in its HParams tab and the config as text), Weights & Biases when
+`logging.wandb` asks (offline too); at the end a PNG of the learning curves next to the logs."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ import os
 import sys
 import time
 
-from tensorboardX import SummaryWriter
 
 from jaxscaffold.train.results import peak_and_final
 
@@ -43,42 +44,143 @@ class StepLog:
             f.writelines(json.dumps(r) + "\n" for r in records)
 
 
-class MetricLogger:
-    """Metrics of each step to tensorboard, `metrics.jsonl` and a console line; `write=False`
-    (processes other than 0 on multi-host) makes it a no-op."""
+def flat_hparams(config: dict, prefix: str = "") -> dict[str, bool | int | float | str]:
+    """A config dict as TensorBoard hparams: dotted names, values a bool, number or string."""
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(flat_hparams(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    return out
 
-    def __init__(self, out_dir: str, *, total_steps: int, start: int = 0, stream=sys.stderr, write: bool = True):
+
+class TensorBoard:
+    """Scalars to out_dir/tb; the run's config as hyperparameters (HParams tab) and as text."""
+
+    METRICS = ("rollout/reward", "rollout/success", "eval/success", "eval/success_peak")
+
+    def __init__(self, out_dir: str, config: dict | None = None):
+        from tensorboardX import SummaryWriter
+        from tensorboardX.summary import hparams
+        self.writer = SummaryWriter(os.path.join(out_dir, "tb"))
+        self._end = None
+        if config is not None:
+            # In the scalars' own run (add_hparams would open a sub-run per call).
+            exp, start, self._end = hparams(flat_hparams(config), {k: 0.0 for k in self.METRICS})
+            self.writer.file_writer.add_summary(exp)
+            self.writer.file_writer.add_summary(start)
+            self.writer.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```")
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        for k, v in values.items():
+            self.writer.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        if self._end is not None:
+            self.writer.file_writer.add_summary(self._end)
+        self.writer.close()
+
+
+class Wandb:
+    """Scalars to Weights & Biases (the optional `wandb` package): `mode` "online", or
+    "offline" (files under out_dir/wandb; `wandb sync` uploads them later). The run is named
+    after out_dir, with an id derived from its path: a resumed run continues the same wandb run
+    (steps it redoes after its checkpoint are ones wandb already has, which it skips)."""
+
+    def __init__(self, out_dir: str, *, mode: str, project: str, config: dict | None = None):
+        import hashlib
+
+        import wandb
+        path = os.path.abspath(out_dir)
+        run_id = os.path.basename(path)[:40] + "-" + hashlib.sha1(path.encode()).hexdigest()[:8]
+        self.run = wandb.init(project=project, name=os.path.basename(path), id=run_id, resume="allow", dir=path,
+                              mode=mode, config=config, settings=wandb.Settings(console="off", silent=True))
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        self.run.log(values, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def eta_s(*, step: int, total: int, start: int, elapsed_s: float, eval_s: float, evals: int,
+          eval_every: int) -> tuple[float, int]:
+    """(seconds left, evaluations left whose time is not known yet). A training step costs the
+    wall time so far less the evaluations' over the steps done; each evaluation still due (every
+    `eval_every` steps) the mean of those measured."""
+    per_step = max(elapsed_s - eval_s, 0.0) / max(step - start, 1)
+    due = sum(1 for k in range(step + 1, total + 1) if eval_every and k % eval_every == 0)
+    if evals:
+        return per_step * (total - step) + eval_s / evals * due, 0
+    return per_step * (total - step), due
+
+
+def duration(seconds: float) -> str:
+    """42s, 12m05s, 3h04m."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class MetricLogger:
+    """Metrics of each step to the backends (TensorBoard, optionally wandb), `metrics.jsonl` and
+    a console line; `write=False` (processes other than 0 on multi-host) makes it a no-op.
+    `config` (the run's, as a dict) is logged as hyperparameters; `eval_every` lets the ETA
+    count the evaluations still due (their time is read from the metrics' "time/eval_s")."""
+
+    def __init__(self, out_dir: str, *, total_steps: int, start: int = 0, stream=sys.stderr, write: bool = True,
+                 eval_every: int = 0, config: dict | None = None, wandb: str = "off",
+                 wandb_project: str = "jaxscaffold"):
         self.out_dir, self.total, self.start, self.enabled = out_dir, total_steps, start, write
-        self.stream, self.t0 = stream, time.perf_counter()
+        self.stream, self.t0, self.eval_every = stream, time.perf_counter(), eval_every
+        self.eval_s, self.evals = 0.0, 0
         if not write:
             return
-        self.writer = SummaryWriter(os.path.join(out_dir, "tb"))
+        self.backends = [TensorBoard(out_dir, config)]
+        if wandb != "off":
+            self.backends.append(Wandb(out_dir, mode=wandb, project=wandb_project, config=config))
         path = os.path.join(out_dir, "metrics.jsonl")
         # Resumed: the steps after the checkpoint are redone; fresh: all (step 0 included).
         keep_steps_until(path, start if start else -1)
         self.jsonl = open(path, "a")
 
+    @classmethod
+    def for_run(cls, cfg, *, start: int, total_steps: int | None = None) -> "MetricLogger":
+        """The logger of a run's config (`RunConfig`): process 0 writes; `total_steps` default `steps`."""
+        import jax
+        return cls(cfg.out_dir, total_steps=cfg.steps if total_steps is None else total_steps, start=start, write=jax.process_index() == 0,
+                   eval_every=cfg.eval.every, config=cfg.to_dict(), wandb=cfg.logging.wandb,
+                   wandb_project=cfg.logging.wandb_project)
+
     def log(self, step: int, metrics: dict) -> None:
         if not self.enabled:
             return
-        for k, v in metrics.items():
-            if k != "step" and isinstance(v, (int, float)):
-                self.writer.add_scalar(k, v, step)
+        scalars = {k: v for k, v in metrics.items() if k != "step" and isinstance(v, (int, float))}
+        for backend in self.backends:
+            backend.scalars(step, scalars)
         self.jsonl.write(json.dumps(metrics) + "\n")
         self.jsonl.flush()
-        done = step - self.start
-        eta = (time.perf_counter() - self.t0) / max(done, 1) * (self.total - step)
+        if "time/eval_s" in metrics:
+            self.eval_s, self.evals = self.eval_s + metrics["time/eval_s"], self.evals + 1
+        eta, unknown = eta_s(step=step, total=self.total, start=self.start, elapsed_s=time.perf_counter() - self.t0,
+                             eval_s=self.eval_s, evals=self.evals, eval_every=self.eval_every)
         bar = "#" * int(20 * step / max(self.total, 1))
         labels = {"rollout/reward": "reward", "rollout/success": "success", "train/entropy": "entropy"}
         shown = "  ".join(f"{label} {metrics[k]:.3f}" for k, label in labels.items() if k in metrics)
         arm = f"  arm {metrics['feedback/arm']}" if "feedback/arm" in metrics else ""
-        print(f"\r[{bar:<20}] step {step}/{self.total}  {shown}{arm}{eval_line(metrics)}  eta {eta:.0f}s",
+        evals = f" + {unknown} eval{'s' if unknown > 1 else ''}" if unknown else ""
+        print(f"\r[{bar:<20}] step {step}/{self.total}  {shown}{arm}{eval_line(metrics)}  eta {duration(eta)}{evals}",
               file=self.stream, flush=True)
 
     def close(self, history: list[dict]) -> None:
         if not self.enabled:
             return
-        self.writer.close()
+        for backend in self.backends:
+            backend.close()
         self.jsonl.close()
         if history:
             plot_curves(history, os.path.join(self.out_dir, "curves.png"))

@@ -12,14 +12,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from typing import Any
 
 import jax
 
 from jaxscaffold import config as config_lib
+from jaxscaffold.train import resume, startup
 from jaxscaffold.train.checkpoint import Checkpointer
-from jaxscaffold.train.job import build_job
+from jaxscaffold.train.job import build_job, optimizer_config
 from jaxscaffold.train.logger import MetricLogger
 from jaxscaffold.train.multihost import allgather_json
 from jaxscaffold.train.results import running_peaks, write_results
@@ -41,6 +43,8 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     (default: task RL on environments), a `workloads.base.Workload`.
     """
     cfg = config_lib.typed(cfg)
+    startup.configure_logging(cfg.logging.verbose)
+    changes = resume.check_resume(cfg)  # before the model is built: a refused change costs nothing
     job, state = build_job(cfg)
     work = workload(job, job.policy_params(state.params))
     out = cfg.out_dir
@@ -49,7 +53,7 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     history: list[dict] = []
     start = 0
     if ckpt.latest_step() is not None:
-        state, extra = ckpt.restore(state)
+        _, state, extra = ckpt.restore_latest(state)
         missing = sorted({"step", "workload", "history"} - set(extra))
         if missing:
             raise ValueError(
@@ -59,10 +63,16 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
         work.set_state(extra["workload"])
         history = extra["history"]
         log.info("resumed from step %d", start)
+    if jax.process_index() == 0:
+        resume.write_config(cfg)
+        model_params = state.params if job.lora is None else job.base_params  # LoRA: the state is the adapters
+        print(startup.summary(cfg, job.mesh, model_params, start=start, changes=changes,
+                              trainable=None if job.lora is None else state.params), file=sys.stderr, flush=True)
     # One process writes the logs (every process holds the same, gathered, metrics).
     # A workload may derive the run's length from its data (RWML: epochs over the triples).
     steps = work.total_steps(cfg.steps) if hasattr(work, "total_steps") else cfg.steps
-    logger = MetricLogger(out, total_steps=steps, start=start, write=jax.process_index() == 0)
+    logger = MetricLogger.for_run(cfg, start=start, total_steps=steps)
+    lr_at = optimizer_config(cfg).learning_rate()
     policy = None  # the samplers' parameters of this state (LoRA: merged once per update)
     try:
         if start == 0 and cfg.eval.every and cfg.eval.at_start:  # the untrained model's scores
@@ -77,6 +87,7 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
             t1 = time.perf_counter()
             policy = None  # LoRA's merged copy is not held through the update
             state, train_metrics = train_on(job, state, episodes)
+            train_metrics["train/lr"] = float(lr_at(max(int(state.step) - 1, 0)))  # the step's last update's
             t2 = time.perf_counter()
             tokens = sum(allgather_json(sum(len(e.conversation) for e in episodes)))
             metrics = {"step": step, **stats, **train_metrics,

@@ -10,7 +10,7 @@ from jaxscaffold.models import qwen3
 from jaxscaffold.models.config import Qwen3Config
 from jaxscaffold.models.sharding import MeshConfig, make_mesh
 from jaxscaffold.rl.train_step import init_train_state, state_shardings
-from jaxscaffold.train.checkpoint import Checkpointer, CheckpointNotFound
+from jaxscaffold.train.checkpoint import Checkpointer, CheckpointCorrupt, CheckpointNotFound, saved_steps
 
 CONFIG = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                      num_kv_heads=2, head_dim=8)
@@ -42,3 +42,23 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
     ckpt = Checkpointer(str(tmp_path / "empty"))
     with pytest.raises(CheckpointNotFound, match="no checkpoint"):
         ckpt.restore({"x": jnp.zeros(2)})
+
+
+def test_restore_latest_when_none_reads_names_every_step_and_moves_nothing(tmp_path):
+    """Every checkpoint damaged: a CheckpointCorrupt naming each step's error, no fallback to a
+    fresh start, and the damaged steps left where they are (for inspection)."""
+    state = {"w": jnp.arange(6.0), "b": jnp.ones(3)}
+    ckpt = Checkpointer(str(tmp_path / "ckpt"), async_save=False)
+    for step in (1, 2):
+        ckpt.save(step, state, {"step": step})
+    for step in (1, 2):
+        (tmp_path / "ckpt" / str(step) / "extra" / "metadata").unlink()
+    with pytest.raises(CheckpointCorrupt, match=r"reads back: step 1: FileNotFoundError.*; step 2: FileNotFoundError"):
+        ckpt.restore_latest(state)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.isdigit()) == ["1", "2"]
+    assert not (tmp_path / "ckpt.corrupt").exists()
+    ckpt.close()
+    empty = Checkpointer(str(tmp_path / "empty"))
+    with pytest.raises(CheckpointNotFound, match="no checkpoint"):
+        empty.restore_latest(state)
+    assert saved_steps(str(tmp_path / "ckpt")) == [1, 2] and saved_steps(str(tmp_path / "nope")) == []

@@ -44,6 +44,45 @@ def test_checkpoint_of_an_older_format_is_a_clear_error(tmp_path):
         train(tiny_config(tmp_path, steps=3, **{"eval.every": 0, "checkpoint.every": 1}))
 
 
+def _damage(step_dir, how: str) -> None:
+    """Truncates or deletes the largest array file of a saved step (Orbax's OCDBT data)."""
+    biggest = max((p for p in step_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    if how == "truncate":
+        os.truncate(biggest, biggest.stat().st_size // 2)
+    else:
+        biggest.unlink()
+
+
+@pytest.mark.parametrize("how", ["truncate", "delete"])
+def test_a_damaged_latest_checkpoint_resumes_from_the_previous_one(tmp_path, how, caplog):
+    """The latest checkpoint damaged on disk: one warning line says so, the run resumes from
+    the newest intact one (its first collected step follows that checkpoint, with that
+    checkpoint's parameters) and saves the redone steps again."""
+    cfg = lambda steps: tiny_config(tmp_path, steps=steps, **{"eval.every": 0, "checkpoint.every": 1})
+    first = train(cfg(1))
+    params_1 = [np.asarray(x) for x in jax.tree.leaves(first["state"].params)]
+    train(cfg(2))
+    _damage(tmp_path / "checkpoints" / "2", how)
+    seen = {}
+
+    class Recording(EnvWorkload):
+        def collect(self, job, params, step):
+            seen.setdefault(step, [np.asarray(x) for x in jax.tree.leaves(params)])
+            return super().collect(job, params, step)
+
+    out = train(cfg(2), workload=Recording)
+    assert list(seen) == [2]  # resumed after step 1, not from scratch
+    for a, b in zip(seen[2], params_1):
+        np.testing.assert_array_equal(a, b)
+    assert [h["step"] for h in out["history"]] == [1, 2] and out["history"][0] == first["history"][0]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "checkpoint" in r.name]
+    assert len(warnings) == 1 and "\n" not in warnings[0]
+    assert "step 2" in warnings[0] and "resuming from step 1" in warnings[0]
+    assert (tmp_path / "checkpoints.corrupt" / "2").is_dir()
+    from jaxscaffold.train.checkpoint import saved_steps
+    assert saved_steps(str(tmp_path / "checkpoints")) == [1, 2]  # step 2 saved again
+
+
 def test_kl_to_the_frozen_initial_policy(tmp_path):
     """kl_coef > 0 trains against a frozen copy of the initial parameters: zero KL at the first
     step (policy == reference), positive once the policy has moved."""

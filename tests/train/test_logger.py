@@ -1,0 +1,117 @@
+"""The metric logger: the ETA with evaluations, TensorBoard scalars and hyperparameters read
+back from the event files, and the optional wandb backend read back from its offline run file."""
+
+import glob
+import io
+import json
+import os
+import time
+
+import pytest
+
+from jaxscaffold.train.logger import MetricLogger, duration, eta_s
+
+
+def test_eta_counts_the_evaluations_still_due():
+    # 4 of 10 steps done in 100 s, of which 2 evaluations took 40 s: 15 s a step; steps 5..10
+    # hold evaluations at 6, 8 and 10 (every 2): 6 * 15 + 3 * 20.
+    assert eta_s(step=4, total=10, start=0, elapsed_s=100, eval_s=40, evals=2, eval_every=2) == (150.0, 0)
+    # No evaluation measured yet: the training steps' share, and how many evaluations it leaves out.
+    assert eta_s(step=2, total=10, start=0, elapsed_s=30, eval_s=0, evals=0, eval_every=5) == (120.0, 2)
+    # Resumed at step 6: only the steps since count.
+    assert eta_s(step=8, total=10, start=6, elapsed_s=20, eval_s=0, evals=0, eval_every=0) == (20.0, 0)
+    assert [duration(s) for s in (42, 725, 11040)] == ["42s", "12m05s", "3h04m"]
+
+
+def _events(tb_dir):
+    """Every Event of the TFRecord files under `tb_dir` (length, crc, payload, crc records)."""
+    from tensorboardX.proto.event_pb2 import Event
+    out = []
+    for path in sorted(glob.glob(os.path.join(tb_dir, "events.out.tfevents.*"))):
+        data, pos = open(path, "rb").read(), 0
+        while pos < len(data):
+            n = int.from_bytes(data[pos:pos + 8], "little")
+            out.append(Event.FromString(data[pos + 12:pos + 12 + n]))
+            pos += 12 + n + 4
+    return out
+
+
+def test_tensorboard_gets_scalars_hparams_and_the_config(tmp_path):
+    from tensorboardX.proto.plugin_hparams_pb2 import HParamsPluginData
+    config = {"rl": {"lr": 0.03, "algorithm": "grpo"}, "steps": 3, "rwml": None}
+    stream = io.StringIO()
+    logger = MetricLogger(str(tmp_path), total_steps=3, stream=stream, eval_every=2, config=config)
+    for step in (1, 2, 3):
+        logger.log(step, {"step": step, "rollout/reward": step / 10, "train/lr": 0.03,
+                          **({"time/eval_s": 1.0} if step == 2 else {})})
+    logger.close([])
+    scalars, hparams, texts = {}, {}, []
+    for e in _events(str(tmp_path / "tb")):
+        for v in e.summary.value:
+            plugin = v.metadata.plugin_data.plugin_name
+            if plugin == "hparams":
+                data = HParamsPluginData.FromString(v.metadata.plugin_data.content)
+                if data.HasField("session_start_info"):
+                    hparams = {k: x.WhichOneof("kind") and getattr(x, x.WhichOneof("kind"))
+                               for k, x in data.session_start_info.hparams.items()}
+            elif plugin == "text":
+                texts.append(v.tensor.string_val[0].decode())
+            else:
+                scalars[(v.tag, e.step)] = v.simple_value
+    assert scalars[("rollout/reward", 2)] == pytest.approx(0.2) and scalars[("train/lr", 3)] == pytest.approx(0.03)
+    assert hparams == {"rl.lr": 0.03, "rl.algorithm": "grpo", "steps": 3, "rwml": "None"}
+    assert json.loads(texts[0].strip("`\n")) == config
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [h["step"] for h in lines] == [1, 2, 3]
+    shown = [line.strip("\r") for line in stream.getvalue().split("\n")]
+    assert shown[0].endswith("+ 1 eval")  # step 1: the evaluation at step 2 is not measured yet
+    assert "eval" not in shown[1].split("eta")[1]  # measured: counted in the figure
+
+
+def _wandb_records(path):
+    """The records of a wandb run file: a 7-byte header, then LevelDB-log chunks (crc 4, length 2,
+    type 1: full / first / middle / last) in 32 KiB blocks, each record a `Record` protobuf."""
+    from wandb.proto.wandb_internal_pb2 import Record
+    data, pos, buf, out = open(path, "rb").read(), 7, b"", []
+    while pos + 7 <= len(data):
+        if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
+            pos += 32768 - pos % 32768
+            continue
+        n, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        if pos + 7 + n > len(data):  # still being written
+            break
+        buf, pos = buf + data[pos + 7:pos + 7 + n], pos + 7 + n
+        if kind in (1, 4):
+            out.append(Record.FromString(buf))
+            buf = b""
+    return out
+
+
+def test_wandb_offline_backend_logs_the_scalars_and_the_config(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    for var in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "wandb_home"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    out = tmp_path / "run"
+    logger = MetricLogger(str(out), total_steps=2, stream=io.StringIO(), config={"rl": {"lr": 0.03}},
+                          wandb="offline", wandb_project="test")
+    for step in (1, 2):
+        logger.log(step, {"step": step, "rollout/reward": step / 10})
+    logger.close([])
+    (path,) = glob.glob(str(out / "wandb" / "offline-run-*" / "run-*.wandb"))
+    deadline = time.time() + 60  # wandb's service writes the file after `finish` returns
+    while not any(r.WhichOneof("record_type") == "exit" for r in _wandb_records(path)) and time.time() < deadline:
+        time.sleep(0.2)
+    history, config, runs = {}, {}, []
+    for r in _wandb_records(path):
+        kind = r.WhichOneof("record_type")
+        if kind == "history":
+            items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+            history[items.get("_step")] = items
+        elif kind == "run":
+            runs.append(r.run)
+            config.update({i.key: json.loads(i.value_json) for i in r.run.config.update})
+    assert set(history) == {1, 2}, history
+    assert history[1]["rollout/reward"] == 0.1 and history[2]["rollout/reward"] == 0.2
+    assert config["rl"] == {"lr": 0.03}
+    assert runs[0].project == "test" and runs[0].display_name == "run"
