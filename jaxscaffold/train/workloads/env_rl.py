@@ -77,7 +77,7 @@ class EnvWorkload:
         # Balanced over each env's categories, the same on every process (`load_eval_tasks`).
         self.eval_tasks = load_eval_tasks(cfg.envs.eval, cfg.envs.eval_split, cfg.eval.tasks,
                                           seeds.derive(cfg.seed, "eval_tasks"))
-        log.info("evaluation set: %s", describe_tasks(self.eval_tasks))
+        log.debug("evaluation set: %s", describe_tasks(self.eval_tasks))  # counts are in the start-up summary
         forms = {"ag": f.ag_form, "oe": f.oe_form}
         self.enrichers = {n: e for n in names if (e := enrichers_lib.enricher(n, forms)) is not None}
         self.feedback_log = StepLog(os.path.join(cfg.out_dir, "feedback.jsonl"), write=jax.process_index() == 0)
