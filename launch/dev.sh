@@ -18,7 +18,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # pinning it first keeps pip from pulling a multi-GB CUDA build.
   .venv/bin/pip install -q "torch==2.13.0"
   # The package, its extras and the benchmark packages installed without their dependencies.
-  bash launch/install_packages.sh .venv/bin/pip test,envs,rwml,tau2
+  bash launch/install_packages.sh .venv/bin/pip test,envs,rwml,tau2,wandb
   touch "$stamp"
 fi
 
