@@ -86,7 +86,8 @@ def test_the_notebook_runs_as_written_and_again(tmp_path, monkeypatch):
     write_hf_tokenizer(ckpt)
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=os.environ.get("JAXSCAFFOLD_TEST_XLA_FLAGS", ""),
-               JAXSCAFFOLD_OUTPUTS=str(tmp_path / "out"))
+               JAXSCAFFOLD_OUTPUTS=str(tmp_path / "out"),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))  # `python`: this one
     monkeypatch.setenv("JAXSCAFFOLD_OUTPUTS", str(tmp_path / "out"))
     monkeypatch.chdir(tmp_path)
     shown: list = []
@@ -106,8 +107,8 @@ def test_the_notebook_runs_as_written_and_again(tmp_path, monkeypatch):
     # both phases ran: AG on early episode steps at step 1 (<= switch_step), OE on late ones after
     assert history[1]["rollout/feedback_ag"] > 0 and history[1]["rollout/feedback_oe"] == 0
     assert history[2]["rollout/feedback_oe"] > 0 and history[2]["rollout/feedback_ag"] == 0
-    for cell in cells:  # again: nothing is redone, the training cell resumes at its end
-        runner.run(cell, None)
+    for i, cell in enumerate(cells):  # again: nothing is redone, the training cell resumes at its end
+        runner.run(cell, settings if i == 0 else None)
     assert json.load(open(run_dir / "results.json"))["step"] == 3
 
 
