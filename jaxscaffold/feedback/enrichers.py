@@ -84,9 +84,11 @@ BFCL_MISS_PARAM = ("Hint: essential information for this request is missing; ask
 
 def bfcl_ag(obs: Observation, actions: Sequence[str]) -> str:
     """The reference code: on the user message of each of the first 3 turns, the turn's first
-    gold call, or on a turn whose gold answer is empty the miss_func / miss_param hint."""
+    gold call, or on a turn whose gold answer is empty the miss_func / miss_param hint. A
+    miss_func turn that reveals the held-out functions has no user query: no hint (as in the
+    reference, which appends to the turn's first user message)."""
     p = obs.privileged
-    if p.get("message_role") != "user" or p.get("turn", 99) >= 3:
+    if p.get("message_role") != "user" or p.get("turn", 99) >= 3 or p.get("revealed_functions"):
         return obs.text
     gold = p.get("gold_calls") or []
     if gold:
