@@ -14,8 +14,11 @@ matches"). `GoldGuide` follows the episode and derives each hint from the curren
    room it came from, re-opening what it closed, ...), if that is valid now;
 3. else no hint (`Hint.action` None, `Hint.source` says why; counted by the caller).
 
-Every hint is a member of the valid actions it was computed from: the invariant holds by
-construction (and `tests/feedback/test_sciworld_ag.py` checks it on real episodes).
+Every hint is an action of the valid-action listing it was computed from (the listing's text,
+or the same template and objects re-spelled with names only those objects have where the
+listing used shared ones, which the simulator would answer with "Ambiguous request"): the
+invariant holds by construction, and `tests/feedback/test_sciworld_ag.py` checks it on real
+episodes with an independent simulator.
 
 The guide runs inside the env (`ScienceWorldEnv(ag_guide=...)`, wired by
 `feedback.enrichers.env_kwargs`), where the simulator lives; it reads a `SimView` (valid
@@ -61,6 +64,7 @@ class SimView:
     templates: Mapping[int, str]
     referents: Mapping[int, tuple[str, ...]]
     observation: str = ""
+    parent: Mapping[int, int] = dataclasses.field(default_factory=dict)  # object -> its container
 
     @classmethod
     def from_simulator(cls, sim, observation: str, templates: Mapping[int, str] | None = None) -> "SimView":
@@ -74,11 +78,23 @@ class SimView:
         for k, name in sim.get_possible_object_referent_LUT().items():  # the visible ones'
             names.setdefault(int(k), set()).add(_norm(name))  # current names (doors: only here)
         referents = {k: tuple(sorted(v)) for k, v in names.items()}
-        return cls(valid, templates, referents, str(observation))
+        return cls(valid, templates, referents, str(observation), containers(sim.getObjectTree()))
 
     @property
     def actions(self) -> set[str]:
         return {e.action for e in self.valid}
+
+
+def containers(tree: Mapping) -> dict[int, int]:
+    """Object id -> the id of what contains it, from `getObjectTree()`'s nested `contents`."""
+    out: dict[int, int] = {}
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        for child in (node.get("contents") or {}).values():
+            out[int(child["uuid"])] = int(node["uuid"])
+            stack.append(child)
+    return out
 
 
 def template_table(sim) -> dict[int, str]:
@@ -90,9 +106,10 @@ def _norm(text: str) -> str:
     return " ".join(str(text).lower().split())
 
 
-def _referent_ids(name: str, index: Mapping[str, set[int]]) -> set[int]:
+def _referent_ids(name: str, index: Mapping[str, set[int]], parent: Mapping[int, int]) -> set[int]:
     """Objects a name can mean: an exact referent, or 'X in Y' / 'X on Y' (the parser's
-    container qualifiers, e.g. 'thermometer in inventory') read as X."""
+    container qualifiers, e.g. 'thermometer in inventory', 'apple seed in flower pot 2'): the
+    X inside Y (at any depth), or any X when Y names nothing known."""
     if name in index:
         return index[name]
     if name.startswith("door to "):  # doors are named "door to X", "X door" or, a room's only one, "door"
@@ -101,11 +118,24 @@ def _referent_ids(name: str, index: Mapping[str, set[int]]) -> set[int]:
                 return index[other]
     for sep in (" in ", " on "):
         if sep in name:
-            left = name.rsplit(sep, 1)[0]
-            ids = _referent_ids(left, index)
+            left, right = name.rsplit(sep, 1)
+            ids = _referent_ids(left, index, parent)
+            where = _referent_ids(right, index, parent)
+            if ids and where:
+                return {o for o in ids if _inside(o, where, parent)}
             if ids:
                 return ids
     return set()
+
+
+def _inside(obj: int, where: set[int], parent: Mapping[int, int]) -> bool:
+    seen = set()
+    while obj in parent and obj not in seen:
+        seen.add(obj)
+        obj = parent[obj]
+        if obj in where:
+            return True
+    return False
 
 
 def _slot_splits(text: str, template: str) -> list[tuple[str, ...]]:
@@ -158,13 +188,45 @@ def resolve(action: str, view: SimView) -> str | None:
             if tid not in by_template:
                 continue
             for names in _slot_splits(variant, template):
-                ids = [_referent_ids(n, index) for n in names]
+                ids = [_referent_ids(n, index, view.parent) for n in names]
                 if not all(ids):
                     continue
                 for e in by_template[tid]:
                     if len(e.obj_ids) == len(ids) and all(o in s for o, s in zip(e.obj_ids, ids)):
-                        return e.action
+                        return unambiguous(e, view, index)
     return None
+
+
+def unambiguous(entry: Entry, view: SimView, index: Mapping[str, set[int]]) -> str:
+    """`entry`'s action with every object named by a name only it has, where the listing used
+    a shared one ('apple seed in flower pot' among three pots would make the simulator ask
+    which one is meant). Unchanged when its names are unique or no unique name exists."""
+    template = view.templates.get(entry.template_id, "")
+    for split in _slot_splits(entry.action, template):
+        if len(split) != len(entry.obj_ids) or not all(
+                oid in _referent_ids(n, index, view.parent) for n, oid in zip(split, entry.obj_ids)):
+            continue
+        names = [name if index.get(name) == {oid} else _unique_name(name, oid, view, index)
+                 for name, oid in zip(split, entry.obj_ids)]
+        parts = template.split("obj")
+        return parts[0] + "".join(n + rest for n, rest in zip(names, parts[1:]))
+    return entry.action
+
+
+def _unique_name(name: str, oid: int, view: SimView, index: Mapping[str, set[int]]) -> str:
+    """A name of `oid` no other object has, else 'X in C' with C such a name of its container
+    (the gold paths' own form, 'apple seed in flower pot 2'), else `name`."""
+    own = view.referents.get(oid, ())
+    for r in own:
+        if index.get(r) == {oid}:
+            return r
+    c = view.parent.get(oid)
+    base = name.split(" in ")[0].split(" on ")[0]
+    for r in view.referents.get(c, ()):
+        qualified = f"{base} in {r}"
+        if index.get(r) == {c} and _referent_ids(qualified, index, view.parent) == {oid}:
+            return qualified
+    return name
 
 
 class Hint(NamedTuple):
@@ -227,7 +289,7 @@ class GoldGuide:
         return False
 
     def hint(self, view: SimView) -> Hint:
-        """The hint for the current state (always a member of `view`'s valid actions, or None)."""
+        """The hint for the current state (always an action of `view`'s listing, or None)."""
         j = self.k
         while j < len(self.gold):
             g = self.gold[j]

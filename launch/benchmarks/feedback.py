@@ -124,7 +124,7 @@ def _rate(c, num, den) -> float:
 def run(quick: bool = False) -> None:
     from jaxscaffold.envs.sciworld import catalogue
 
-    n = 24 if quick else 120
+    n = 24 if quick else 100
     tasks = catalogue("train", level="L0")
     tasks = tasks[:: max(1, len(tasks) // n)][:n]  # spread over the task types
     workers = max(1, min(2, os.cpu_count() or 1))

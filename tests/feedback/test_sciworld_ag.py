@@ -13,7 +13,7 @@ import pytest
 
 from jaxscaffold.envs.base import Observation
 from jaxscaffold.feedback import enrichers as E
-from jaxscaffold.feedback.sciworld_ag import Entry, GoldGuide, SimView, resolve
+from jaxscaffold.feedback.sciworld_ag import Entry, GoldGuide, SimView, containers, resolve
 
 TEMPLATES = {0: "open obj", 1: "close obj", 2: "go obj", 4: "look at obj", 13: "use obj on obj",
              21: "pick up obj", 22: "put down obj", 3: "look around"}
@@ -39,6 +39,25 @@ def test_resolve_reads_the_gold_spellings_as_listed_actions():
     assert resolve("use water on thermometer", v) is None  # the slots keep their order
     only_door = view(("open door", 0, (7,)))
     assert resolve("open door to hallway", only_door) == "open door"  # a room's only door
+
+
+def test_container_qualifiers_pick_the_object_inside_and_hints_name_it_unambiguously():
+    """Two apple seeds, one per flower pot: 'apple seed in flower pot 2' is the one in pot 2,
+    and the hint re-spells the listing's shared 'apple seed in flower pot' (the simulator would
+    ask which one; focusing on the wrong one fails the task)."""
+    templates = {**TEMPLATES, 11: "focus on obj"}
+    referents = {10: ("apple seed",), 11: ("apple seed",), 20: ("flower pot", "flower pot 1"),
+                 21: ("flower pot", "flower pot 2")}
+    v = SimView((Entry("focus on apple seed in flower pot", 11, (10,)),
+                 Entry("focus on apple seed in flower pot", 11, (11,))),
+                templates, referents, parent={10: 20, 11: 21, 20: 99, 21: 99})
+    assert resolve("focus on apple seed in flower pot 2", v) == "focus on apple seed in flower pot 2"
+    assert resolve("focus on apple seed in flower pot 1", v) == "focus on apple seed in flower pot 1"
+    # an unknown container constrains nothing: one of the seeds, named unambiguously
+    assert resolve("focus on apple seed in flower pot 3", v) in {
+        "focus on apple seed in flower pot 1", "focus on apple seed in flower pot 2"}
+    assert containers({"uuid": "1", "contents": {"a-2": {"uuid": "2", "contents": {"b-3": {"uuid": "3"}}}}}) == {
+        2: 1, 3: 2}
 
 
 GOLD = ["open door to kitchen", "go to kitchen", "look around", "pick up thermometer", "put down thermometer"]
