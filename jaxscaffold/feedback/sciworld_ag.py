@@ -13,6 +13,8 @@ matches"). `GoldGuide` follows the episode and derives each hint from the curren
 2. else the restore action for the agent's latest reversible deviation (going back to the
    room it came from, re-opening what it closed, ...), if that is valid now;
 3. else no hint (`Hint.action` None, `Hint.source` says why; counted by the caller).
+A hint the simulator refused when the agent followed it is not given again until the state
+changes (the listing can, rarely, hold an action its parser then refuses).
 
 Every hint is an action of the valid-action listing it was computed from (the listing's text,
 or the same template and objects re-spelled with names only those objects have where the
@@ -193,21 +195,31 @@ def resolve(action: str, view: SimView) -> str | None:
                     continue
                 for e in by_template[tid]:
                     if len(e.obj_ids) == len(ids) and all(o in s for o, s in zip(e.obj_ids, ids)):
-                        return unambiguous(e, view, index)
+                        return unambiguous(e, view)
     return None
 
 
-def unambiguous(entry: Entry, view: SimView, index: Mapping[str, set[int]]) -> str:
-    """`entry`'s action with every object named by a name only it has, where the listing used
-    a shared one ('apple seed in flower pot' among three pots would make the simulator ask
-    which one is meant). Unchanged when its names are unique or no unique name exists."""
+def unambiguous(entry: Entry, view: SimView) -> str:
+    """`entry`'s action, where the listing named an object by a name another object in reach
+    (one the listing refers to) also has, re-spelled with a name only it has ('apple seed in
+    flower pot' among three pots would make the simulator ask which one is meant). Unchanged
+    when its names are unique in reach or no unique name exists."""
+    reach = {o for e in view.valid for o in e.obj_ids}
+    reach |= {view.parent[o] for o in reach if o in view.parent}  # and what holds them
+    index: dict[str, set[int]] = {}
+    for oid in reach:
+        for n in view.referents.get(oid, ()):
+            index.setdefault(n, set()).add(oid)
     template = view.templates.get(entry.template_id, "")
     for split in _slot_splits(entry.action, template):
         if len(split) != len(entry.obj_ids) or not all(
                 oid in _referent_ids(n, index, view.parent) for n, oid in zip(split, entry.obj_ids)):
             continue
-        names = [name if index.get(name) == {oid} else _unique_name(name, oid, view, index)
-                 for name, oid in zip(split, entry.obj_ids)]
+        unique = [_referent_ids(n, index, view.parent) == {oid} for n, oid in zip(split, entry.obj_ids)]
+        if all(unique):
+            return entry.action  # no other object in reach answers to these names
+        names = [name if ok else _unique_name(name, oid, view, index)
+                 for name, oid, ok in zip(split, entry.obj_ids, unique)]
         parts = template.split("obj")
         return parts[0] + "".join(n + rest for n, rest in zip(names, parts[1:]))
     return entry.action
@@ -259,6 +271,8 @@ class GoldGuide:
         self.room = _norm(m.group(1)) if m else None
         self._last: Hint | None = None
         self._templates: dict[int, str] | None = None
+        # hints the simulator refused since the state last changed: not given again
+        self.rejected: set[str] = set()
 
     def hint_at(self, sim, observation: str) -> Hint:
         """`hint` on the simulator's current state (read through its getters only)."""
@@ -298,15 +312,17 @@ class GoldGuide:
                     self._last = Hint(g, "choice", j)  # a prompt answer, not an action
                     return self._last
             found = resolve(g, view)
-            if found is not None:
+            if found is not None and found not in self.rejected:
                 self._last = Hint(found, "gold", j)
                 return self._last
+            if found is not None:
+                break  # refused here before: a restore, or no hint
             if not self._achieved(g, view):
                 break
             j += 1
         for action in reversed(self.restore):
             found = resolve(action, view)
-            if found is not None:
+            if found is not None and found not in self.rejected:
                 self._last = Hint(found, "restore")
                 return self._last
         why = "gold_done" if j >= len(self.gold) else "gold_step_invalid"
@@ -321,7 +337,9 @@ class GoldGuide:
             return
         a, obs = _norm(action), observation.lower()
         if obs.startswith("no known action") or obs.startswith("unknown action"):
-            return  # changed nothing
+            self.rejected.add(a)  # changed nothing; a listed action can still be refused
+            return
+        self.rejected.clear()
         moved = _MOVED.search(observation)
         before = self.room
         if moved:

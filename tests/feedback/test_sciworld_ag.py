@@ -90,6 +90,16 @@ def test_guide_follows_the_gold_path_restores_after_a_move_and_skips_what_holds(
     assert g2.hint(hall_open) == ("go to kitchen", "gold", 1)
 
 
+def test_a_hint_the_simulator_refused_is_not_given_again_until_the_state_changes():
+    g = GoldGuide(["pick up thermometer", "look around"], "This room is called the kitchen.")
+    v = view(("pick up thermometer", 21, (1,)), ("look around", 3, ()))
+    assert g.hint(v).action == "pick up thermometer"
+    g.observe("pick up thermometer", "No known action matches that input.")
+    assert g.hint(v) == (None, "none:gold_step_invalid", -1)  # refused: not again
+    g.observe("look around", "This room is called the kitchen.")  # the world moved on
+    assert g.hint(v).action == "pick up thermometer"
+
+
 def test_guide_hints_are_always_listed_under_random_states_and_actions():
     """A property: whatever the listing and whatever the agent does, a hint is a member of
     the listing it was computed from (or there is none)."""
