@@ -243,7 +243,8 @@ def _unique_name(name: str, oid: int, view: SimView, index: Mapping[str, set[int
 
 class Hint(NamedTuple):
     """A hint (`action` None: none could be derived) and where it came from: "gold", "restore",
-    "choice" (the answer to an ambiguity prompt) or "none:<why>"."""
+    "choice" (the answer to an ambiguity prompt: the gold path's, else the first offered) or
+    "none:<why>"."""
 
     action: str | None
     source: str
@@ -305,12 +306,17 @@ class GoldGuide:
     def hint(self, view: SimView) -> Hint:
         """The hint for the current state (always an action of `view`'s listing, or None)."""
         j = self.k
+        if _AMBIGUOUS in view.observation.lower():  # the simulator waits for a number
+            choices = _CHOICE.findall(view.observation)
+            g = self.gold[j] if j < len(self.gold) else ""
+            if g in choices:  # the gold path's own answer
+                self._last = Hint(g, "choice", j)
+                return self._last
+            if choices:  # identical objects (seeds in one jar): any of them will do
+                self._last = Hint(choices[0], "choice")
+                return self._last
         while j < len(self.gold):
             g = self.gold[j]
-            if g.isdigit() and _AMBIGUOUS in view.observation.lower():
-                if g in _CHOICE.findall(view.observation):
-                    self._last = Hint(g, "choice", j)  # a prompt answer, not an action
-                    return self._last
             found = resolve(g, view)
             if found is not None and found not in self.rejected:
                 self._last = Hint(found, "gold", j)
@@ -347,7 +353,7 @@ class GoldGuide:
         last, self._last = self._last, None
         if last is not None and last.action is not None and a == _norm(last.action):
             if last.source in ("gold", "choice"):
-                self.k = last.gold_index + 1
+                self.k = max(self.k, last.gold_index + 1)
                 return
             if last.source == "restore":
                 self._pop(a)

@@ -100,6 +100,19 @@ def test_a_hint_the_simulator_refused_is_not_given_again_until_the_state_changes
     assert g.hint(v).action == "pick up thermometer"
 
 
+def test_an_ambiguity_prompt_is_answered_with_an_offered_number():
+    prompt = ("Ambiguous request: Please enter the number for the action you intended (or blank to "
+              "cancel):\n0:\tmove apple seed (in seed jar) to flower pot 1\n1:\tmove apple seed (in seed jar) "
+              "to flower pot 1")
+    g = GoldGuide(["move apple seed in seed jar to flower pot 1", "1", "look around"])
+    g.observe("move apple seed in seed jar to flower pot 1", prompt)
+    assert g.hint(view(("look around", 3, ()), observation=prompt)) == ("1", "choice", 1)  # the gold's answer
+    g2 = GoldGuide(["pick up thermometer"])
+    assert g2.hint(view(("look around", 3, ()), observation=prompt)) == ("0", "choice", -1)
+    g2.observe("0", "You move the apple seed to the flower pot 1.")
+    assert g2.k == 0  # answering a prompt the gold path never met does not move along it
+
+
 def test_guide_hints_are_always_listed_under_random_states_and_actions():
     """A property: whatever the listing and whatever the agent does, a hint is a member of
     the listing it was computed from (or there is none)."""
