@@ -41,8 +41,12 @@ Observation enhancement (FEE's OE): the env exposes the hook `oe_transform`, run
 every call on the instance it changed, for the agent's calls and the gold replay's alike; its
 rules are the feedback layer's (`jaxscaffold.feedback.bfcl_oe.enrich_result`, plugged in by
 `jaxscaffold.feedback.enrichers.env_kwargs`). The observation text stays the plain one and the
-enriched one goes to `privileged["oe_text"]`, which the feedback layer shows when its schedule
-(decided per group and episode step in the training process) turns OE on.
+enriched one goes to `privileged["oe_text"]`, which the feedback layer shows on every tool result
+of an episode whose group gets OE (decided per group and training step in the training
+process). That decision reaches the env at reset as the task's feedback plan
+(`task.spec["feedback"]` holding "oe", set by `jaxscaffold.feedback.apply.Feedback.prepare`):
+the response check then compares the enriched outputs with the equally enriched gold replay's
+(`response_check_with_oe`), as the reference code's env does in its OE phase.
 """
 
 from __future__ import annotations
@@ -272,6 +276,9 @@ class BFCLEnv:
         `result_transform`), "raw" (BFCL's strings) or "oe" (the enriched outputs, as the
         reference code checks an episode run with OE; stricter, since e.g. the directory
         listings taken after each call must match the gold run's too).
+      response_check_with_oe: the texts compared instead in an episode planned with OE
+        (`task.spec["feedback"]` has "oe"): "oe" (default, the reference: enriched with
+        enriched) or None (`response_check_on` always).
       response_scope: "cumulative" (BFCL: the model's results of all turns so far) or "turn".
       hidden_functions: "execute" (BFCL: held-out miss_func functions still run if called
         before their turn) or "reject" (treated as unknown until revealed).
@@ -295,7 +302,8 @@ class BFCLEnv:
     def __init__(self, *, tool_format: str = "qwen",
                  result_transform: ResultTransform | str | None = None,
                  oe_transform: ResultTransform | str | None = None,
-                 response_check_on: str = "transformed", response_scope: str = "cumulative",
+                 response_check_on: str = "transformed", response_check_with_oe: str | None = "oe",
+                 response_scope: str = "cumulative",
                  hidden_functions: str = "execute", reveal_in: str = "user",
                  state_probe: Callable[[dict], Any] | str | None = None,
                  stop_on_failed_turn: bool = False,
@@ -304,6 +312,7 @@ class BFCLEnv:
                  call_timeout_s: float | None = 10.0):
         for value, allowed in ((tool_format, ("qwen", "python")),
                                (response_check_on, tuple(_CHECKED_TEXT)),
+                               (response_check_with_oe, (*_CHECKED_TEXT, None)),
                                (response_scope, ("cumulative", "turn")),
                                (hidden_functions, ("execute", "reject")),
                                (reveal_in, ("user", "system"))):
@@ -314,6 +323,8 @@ class BFCLEnv:
         self.oe_transform = _resolve(oe_transform)
         self.state_probe = _resolve(state_probe)
         self.response_check_on = response_check_on
+        self.response_check_with_oe = response_check_with_oe
+        self._checked = response_check_on  # this episode's (see reset)
         self.response_scope = response_scope
         self.hidden_functions = hidden_functions
         self.reveal_in = reveal_in
@@ -336,6 +347,9 @@ class BFCLEnv:
         if entry["id"] != spec.get("entry_id", entry["id"]):
             raise EnvError(f"task {task.task_id} does not match entry {entry['id']}")
         self._task, self._entry, self._gold, self._category = task, entry, gold, category
+        oe_planned = "oe" in (spec.get("feedback") or {})
+        self._checked = (self.response_check_with_oe if oe_planned and self.response_check_with_oe
+                         else self.response_check_on)
         long_context = "long_context" in category
         self._instances = make_instances(entry, long_context)
         self._gold_instances = make_instances(entry, long_context)
@@ -575,7 +589,7 @@ class BFCLEnv:
                             error_message=f"{class_name} differs from the gold state in "
                                           f"{diffs} after turn {t}",
                             details={"class": class_name, "attributes": diffs})
-        key = _CHECKED_TEXT[self.response_check_on]
+        key = _CHECKED_TEXT[self._checked]
         turns = range(t + 1) if self.response_scope == "cumulative" else [t]
         pool = [getattr(r, key) for k in turns for r in self._records[k]]
         missing = []

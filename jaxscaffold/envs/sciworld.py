@@ -34,7 +34,14 @@ instead (for comparison).
 subgoals with their done flags; the same data as ``agentInterface().get().task()
 .goalSequence()``, read in one call instead of one py4j round trip per goal), ``score``,
 ``turn``, ``task_name``, ``variation``, ``task_description``, ``observation`` (raw),
-``action_templates``, ``objects`` and, when requested, ``valid_actions``.
+``action_templates``, ``objects`` and, when requested, ``valid_actions``. With an AG guide
+(``ag_guide``, FEE's action guidance: `jaxscaffold.feedback.sciworld_ag.GoldGuide`, wired by
+`jaxscaffold.feedback.enrichers.env_kwargs`), also ``ag_hint`` (an action valid at that moment,
+re-derived from the current state once the agent has left the gold path, or None) and
+``ag_hint_source``; the hint is computed (one valid-action listing) only on the episode steps
+the task's feedback plan asks for (``task.spec["feedback"]["ag"]``: ``[first, last]`` windows
+of actions taken, or None for every step; set per episode by `jaxscaffold.feedback.apply`),
+elsewhere ``ag_hint`` is None with source ``"not_requested"``.
 
 Catalogue: `catalogue(split, level=...)` lists Tasks: ``level="official"`` gives the env's own
 ``train`` / ``dev`` / ``test`` variations; ``level="L0" | "L1" | "L2"`` the FEE/RLVMR splits
@@ -54,7 +61,7 @@ import re
 import tempfile
 import threading
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from jaxscaffold.cache import default_cache_root
 from jaxscaffold.envs.actions import invalid_action_message, parse_action
@@ -165,6 +172,28 @@ def _stop_simulator(sim) -> None:
                 proc.wait(timeout=5)
             except Exception:
                 pass
+
+
+def ag_windows(spec) -> list[tuple[int, int]] | None:
+    """The episode steps (actions taken) the task's feedback plan wants AG hints on:
+    ``[(first, last), ...]``, None for every step, [] for none (no AG planned)."""
+    plan = (spec.get("feedback") or {})
+    if "ag" not in plan:
+        return []
+    windows = plan["ag"]
+    return None if windows is None else [(int(a), int(b)) for a, b in windows]
+
+
+def resolve_callable(obj):
+    """A callable, or a "package.module:attr" import path to one (picklable for the pool)."""
+    if obj is None or callable(obj):
+        return obj
+    if isinstance(obj, str) and ":" in obj:
+        import importlib
+
+        module, attr = obj.split(":", 1)
+        return functools.reduce(getattr, attr.split("."), importlib.import_module(module))
+    raise TypeError(f"expected a callable or a 'module:attr' path, got {obj!r}")
 
 
 # ----------------------------------------------------------------------------- catalogue
@@ -286,7 +315,8 @@ class ScienceWorldEnv:
     def __init__(self, *, step_limit: int = 15, reward_scale: float = 10.0,
                  simplifications: str = "", jvm_opts: Sequence[str] = DEFAULT_JVM_OPTS,
                  include_valid_actions: bool = False, stock_step: bool = False,
-                 ag_k: int = 3, max_action_chars: int = 512, allow_unclosed: bool = False):
+                 ag_k: int = 3, max_action_chars: int = 512, allow_unclosed: bool = False,
+                 ag_guide: Callable | str | None = None):
         self.step_limit = int(step_limit)
         self.reward_scale = float(reward_scale)
         self.simplifications = simplifications
@@ -295,6 +325,10 @@ class ScienceWorldEnv:
         self.stock_step = stock_step
         self.ag_k = ag_k
         self._parse_kw = {"max_action_chars": max_action_chars, "allow_unclosed": allow_unclosed}
+        # (gold actions, first observation) -> a guide with observe(action, raw) and hint_at(sim, raw)
+        self.ag_guide = resolve_callable(ag_guide)
+        self._guide = None
+        self._ag_windows: list | None = []
         self._sim = None
         self._task: Task | None = None
         self._done = True
@@ -355,6 +389,8 @@ class ScienceWorldEnv:
         except Exception as e:
             raise EnvError(f"ScienceWorld reset failed for {name}/{variation}: {e}") from e
         self._ag = ag_actions(self._gold, self.ag_k)
+        self._guide = self.ag_guide(list(self._gold), first) if self.ag_guide is not None else None
+        self._ag_windows = ag_windows(spec)
         self._task = task
         self._turn = 0
         self._last_score = 0
@@ -389,6 +425,8 @@ class ScienceWorldEnv:
             except Exception as e:
                 raise EnvError(f"ScienceWorld step failed: {e}") from e
             info["invalid"] = raw.strip() == UNKNOWN_ACTION_TEXT
+        if self._guide is not None:
+            self._guide.observe(parsed.action, raw)
         self._last_score = score
         won = bool(completed) and score > 0
         failed = score < 0
@@ -407,6 +445,14 @@ class ScienceWorldEnv:
     _stock_valid: list[str] | None = None
 
     # -- on-demand state
+
+    @property
+    def simulator(self):
+        """The episode's simulator (the package's `ScienceWorldEnv`), for read-only getters
+        (stepping it directly would bypass this env's bookkeeping)."""
+        if self._sim is None:
+            raise RuntimeError("no episode")
+        return self._sim
 
     def valid_actions(self) -> list[str]:
         """All valid action/object combinations now (expensive: ~10x a raw step)."""
@@ -447,6 +493,11 @@ class ScienceWorldEnv:
             "action_templates": list(self._templates),
             "objects": list(self._objects),
         }
+        if self._guide is not None:
+            wanted = self._ag_windows is None or any(a <= self._turn <= b for a, b in self._ag_windows)
+            hint = self._guide.hint_at(self._sim, raw) if wanted else None
+            priv["ag_hint"] = hint.action if hint else None
+            priv["ag_hint_source"] = hint.source if hint else "not_requested"
         if self.stock_step and self._stock_valid is not None:
             priv["valid_actions"] = self._stock_valid
         elif self.include_valid_actions:

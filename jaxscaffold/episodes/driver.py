@@ -43,7 +43,9 @@ def run_episodes(agent: Agent, envs: EnvBatch, tasks: Sequence[Task], groups: Se
         return Seen(obs, shown.text)
 
     first = {}
-    for i, obs in enumerate(envs.reset(tasks)):
+    # each env learns at reset what feedback its episode is planned to get (see Feedback.prepare)
+    planned = [feedback.prepare(t, group=g, rollout=r) for t, g, r in zip(tasks, groups, rollout)]
+    for i, obs in enumerate(envs.reset(planned)):
         if is_failure(obs):
             episodes[i].failure, episodes[i].done = obs.reason, True
             continue

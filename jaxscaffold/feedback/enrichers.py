@@ -39,7 +39,14 @@ def sciworld_ag_reference(obs: Observation, actions: Sequence[str]) -> str:
 
 
 def sciworld_ag_paper(obs: Observation, actions: Sequence[str]) -> str:
-    """The paper: the next gold action given how far the agent's actions follow the gold path."""
+    """The paper: a valid next action. With the env's AG guide (`privileged["ag_hint"]`,
+    `feedback.sciworld_ag.GoldGuide`, wired by `env_kwargs`) the hint it derived from the
+    current state, always valid at that moment (None: no hint); without it, the next gold
+    action by how far the agent's actions follow the gold path fixed at reset (which may be
+    invalid once the agent has left that path)."""
+    if "ag_hint" in obs.privileged:
+        hint = obs.privileged["ag_hint"]
+        return f"{obs.text}\n[Hint] A valid next action: {hint}" if hint else obs.text
     gold = obs.privileged.get("gold_actions", [])
     k = gold_progress(gold, actions)
     if k >= len(gold):
@@ -84,9 +91,11 @@ BFCL_MISS_PARAM = ("Hint: essential information for this request is missing; ask
 
 def bfcl_ag(obs: Observation, actions: Sequence[str]) -> str:
     """The reference code: on the user message of each of the first 3 turns, the turn's first
-    gold call, or on a turn whose gold answer is empty the miss_func / miss_param hint."""
+    gold call, or on a turn whose gold answer is empty the miss_func / miss_param hint. A
+    miss_func turn that reveals the held-out functions has no user query: no hint (as in the
+    reference, which appends to the turn's first user message)."""
     p = obs.privileged
-    if p.get("message_role") != "user" or p.get("turn", 99) >= 3:
+    if p.get("message_role") != "user" or p.get("turn", 99) >= 3 or p.get("revealed_functions"):
         return obs.text
     gold = p.get("gold_calls") or []
     if gold:
@@ -166,7 +175,10 @@ def enricher(env: str, forms: dict[str, str] | None = None) -> Callable | None:
 
 # Env constructor kwargs an enricher needs inside the env: its rules must run where the env's
 # state lives (BFCL: right after each call, in the env's worker process).
-ENV_HOOKS: dict[str, dict] = {"bfcl": {"oe_transform": "jaxscaffold.feedback.bfcl_oe:enrich_result"}}
+# ScienceWorld: the AG guide follows the episode where the simulator is, so that its hints are
+# valid actions of the current state (computed only on the steps the episode's plan asks for).
+ENV_HOOKS: dict[str, dict] = {"bfcl": {"oe_transform": "jaxscaffold.feedback.bfcl_oe:enrich_result"},
+                              "sciworld": {"ag_guide": "jaxscaffold.feedback.sciworld_ag:GoldGuide"}}
 
 
 def env_kwargs(kwargs: Mapping[str, Mapping] | None = None) -> dict[str, dict]:

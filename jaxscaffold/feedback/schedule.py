@@ -7,11 +7,15 @@ the reference code tests `0 <= steps_taken <= 3` and `6 <= steps_taken <= 10` on
 counter, offered as the `*_reference` schedules.
 
 Training steps are 1-based optimizer steps ("the first 100 steps" = 1..100).
+
+An env may count a kind's window in its own unit (`feedback.units`: BFCL AG in user turns,
+BFCL OE on every tool result); `active_kinds(..., positions=...)` takes those positions.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Mapping
 
 KINDS = ("ag", "oe")
 
@@ -41,9 +45,11 @@ class Window:
         start, end = self.train_steps
         return train_step >= start and (end is None or train_step <= end)
 
-    def covers(self, train_step: int, episode_step: int) -> bool:
+    def covers(self, train_step: int, episode_step: int | None) -> bool:
+        """`episode_step`: the position in the window's unit (None: every position is inside)."""
         first, last = self.episode_steps
-        return self.covers_train_step(train_step) and first <= episode_step <= last
+        inside = episode_step is None or first <= episode_step <= last
+        return self.covers_train_step(train_step) and inside
 
     def probability_at(self, train_step: int) -> float:
         if not self.covers_train_step(train_step):
@@ -69,10 +75,15 @@ class Schedule:
         """The windows live at this training step (with a non-zero probability)."""
         return tuple(w for w in self.windows if w.probability_at(train_step) > 0)
 
-    def active_kinds(self, train_step: int, episode_step: int) -> tuple[str, ...]:
-        """Kinds whose window covers this point (before the per-group coin flip)."""
+    def active_kinds(self, train_step: int, episode_step: int,
+                     positions: Mapping[str, int | None] | None = None) -> tuple[str, ...]:
+        """Kinds whose window covers this point (before the per-group coin flip). `positions`
+        gives a kind's position in its env's own unit instead of `episode_step` (None: every
+        position; `feedback.units.position`)."""
+        positions = positions or {}
         return tuple(sorted({w.kind for w in self.windows
-                             if w.covers(train_step, episode_step) and w.probability_at(train_step) > 0}))
+                             if w.covers(train_step, positions.get(w.kind, episode_step))
+                             and w.probability_at(train_step) > 0}))
 
     def probability(self, kind: str, train_step: int) -> float:
         """The chance a group gets `kind` at this training step (max over its windows)."""
