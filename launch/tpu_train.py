@@ -32,6 +32,19 @@ def parse_args(argv: list[str]) -> config_lib.RunConfig:
     return cfg
 
 
+def user_errors() -> tuple[type[Exception], ...]:
+    """The project's errors that mean bad input, not a bug: a refused resume, no readable
+    checkpoint, an unloadable model directory or safetensors file, an unreadable task source,
+    an env's missing dependency."""
+    from jaxscaffold.envs.registry import MissingEnvDependency
+    from jaxscaffold.models.hf_io import CheckpointError
+    from jaxscaffold.models.safetensors_io import SafetensorsError
+    from jaxscaffold.train.checkpoint import CheckpointCorrupt
+    from jaxscaffold.train.tasks import TaskSourceError
+    return (config_lib.ConfigError, CheckpointCorrupt, CheckpointError, SafetensorsError, TaskSourceError,
+            MissingEnvDependency)
+
+
 def main(argv: list[str]) -> None:
     try:
         cfg = parse_args(argv)
@@ -44,10 +57,9 @@ def main(argv: list[str]) -> None:
         from jaxscaffold.train.trainer import train
     else:  # world-model RL (RWML's stage 1)
         from jaxscaffold.train.workloads.world_model import train_world_model as train
-    from jaxscaffold.train.checkpoint import CheckpointCorrupt
     try:
         result = train(cfg)
-    except (config_lib.ConfigError, CheckpointCorrupt) as e:  # a refused resume, no readable checkpoint
+    except user_errors() as e:  # bad input found once the run starts: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     hist = result["history"]

@@ -175,6 +175,17 @@ def test_the_launcher_refuses_a_bad_config_in_one_line_within_seconds(args, matc
     assert elapsed < 15, elapsed  # before any model is built (jax's import is most of it)
 
 
+@pytest.mark.parametrize("args, match", [
+    (["--config.model.hf_path=/nonexistent/ckpt"], "checkpoint directory not found: /nonexistent/ckpt"),
+    (["--config.envs.train=jsonl:/nonexistent/tasks.jsonl"], "tasks jsonl:/nonexistent/tasks.jsonl: jsonl task file not found"),
+])
+def test_the_launcher_reports_bad_input_found_at_start_in_one_line(args, match, tmp_path):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "tpu_train.py"), "--config", "tiny.py",
+                          f"--config.out_dir={tmp_path}", "--config.envs.num_workers=0", *args],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and match in out.stderr, out.stderr[-2000:]
+
+
 def test_the_launcher_help_lists_every_field_with_its_value_and_comment():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "tpu_train.py"), "--config", "rwml_tiny.py",
                           "--config.steps=3", "--help"], capture_output=True, text=True, timeout=60)

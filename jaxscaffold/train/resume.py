@@ -24,7 +24,7 @@ CONFIG_FILE = "config.json"
 # sharding). A name ending in "." is a section.
 FREE = ("out_dir", "steps", "mesh.", "envs.num_workers", "envs.step_timeout_s", "checkpoint.", "logging.")
 # Fields that decide the parameters' shapes: a checkpoint cannot be restored under others.
-FIXED = ("job", "model.hf_path", "model.preset")
+FIXED = ("job", "model.hf_path", "model.preset", "lora.rank", "lora.targets")  # LoRA: the adapters' shapes
 
 
 def write_config(cfg: RunConfig) -> str:

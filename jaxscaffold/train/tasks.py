@@ -23,6 +23,19 @@ from jaxscaffold.envs.base import Task
 from jaxscaffold.envs.registry import TaskSpec, parse_task_spec  # noqa: F401  (re-exported)
 
 
+class TaskSourceError(ValueError):
+    """A task spec whose catalogue cannot be read (a missing split file or JSONL file, an env's
+    missing dependency): the message names the entry."""
+
+
+def catalogue(env: str, split: str) -> list[Task]:
+    """`registry.catalogue`, its failures as one-line TaskSourceErrors naming the entry."""
+    try:
+        return registry.catalogue(env, split)
+    except (ValueError, KeyError, OSError, ImportError) as e:
+        raise TaskSourceError(f"tasks {env}:{split}: {str(e).strip(chr(39) + chr(34))}") from e
+
+
 def env_names(spec: str) -> list[str]:
     """"sciworld,bfcl:validation" -> ["sciworld", "bfcl"]."""
     return [s.env for s in parse_task_spec(spec)]
@@ -33,7 +46,7 @@ def load_tasks(spec: str, split: str, limit: int | None = None) -> list[Task]:
     entry names one), its first n tasks (the entry's n, else `limit`; none: all)."""
     out = []
     for s in parse_task_spec(spec):
-        cat = registry.catalogue(s.env, s.split or split)
+        cat = catalogue(s.env, s.split or split)
         n = s.limit if s.limit is not None else limit
         out += cat[:n] if n else cat
     return out
@@ -81,7 +94,7 @@ def load_eval_tasks(spec: str, split: str, limit: int, seed: int) -> list[Task]:
     out = []
     for s in parse_task_spec(spec):
         name = s.split or split
-        cat = registry.catalogue(s.env, name)
+        cat = catalogue(s.env, name)
         caps = [c for c in (s.limit, limit) if c]
         out += balanced(cat, min(caps) if caps else None, seed=[seed, zlib.crc32(f"{s.env}:{name}".encode())])
     return out
