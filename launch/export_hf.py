@@ -21,15 +21,17 @@ def main() -> None:
     p.add_argument("--dtype", default=None, help="tensor dtype in the export (default: the parameters')")
     p.add_argument("--peft_out", default=None, help="a LoRA run: also write its adapters as a PEFT adapter directory")
     args = p.parse_args()
-    from jaxscaffold.train.checkpoint import CheckpointNotFound
+    from jaxscaffold.models.hf_io import CheckpointError
+    from jaxscaffold.train.checkpoint import CheckpointCorrupt, CheckpointNotFound
     from jaxscaffold.train.export import export_checkpoint
     try:
         report = export_checkpoint(args.checkpoint, args.out, step=args.step, dtype=args.dtype,
                                    peft_out=args.peft_out)
-    except CheckpointNotFound as e:
-        sys.exit(f"error: {e}")
-    except ValueError as e:  # e.g. --peft_out for a run without LoRA
+    except (CheckpointNotFound, CheckpointCorrupt, CheckpointError, ValueError) as e:  # e.g. --peft_out without LoRA
         print(f"error: {e}", file=sys.stderr)
+        # A damaged step's abandoned TensorStore reads are finalised as the process exits, each
+        # printed as an "Exception ignored" traceback: the line above already says it all.
+        sys.unraisablehook = lambda unraisable: None
         sys.exit(2)
     print(f"exported step {report['step']} to {report['out']}; transformers reload: "
           f"max |logit difference| = {report['max_abs_logit_diff']:.2e}")

@@ -114,6 +114,19 @@ class Checkpointer:
         self._manager.reload()
         return aside
 
+    def read(self, target: Any, step: int) -> tuple[Any, dict]:
+        """`restore` of one step for readers (export, evaluation): a step that does not read
+        back is one CheckpointCorrupt line naming it and the other steps (nothing is moved)."""
+        try:
+            with _quiet_failed_reads():
+                return self.restore(target, step)
+        except CheckpointNotFound:
+            raise
+        except Exception as e:  # noqa: BLE001  any failure to read makes the step unusable
+            others = sorted(set(self._manager.all_steps()) - {step})
+            raise CheckpointCorrupt(f"checkpoint step {step} in {self.directory} does not read back ({_first_line(e)}); "
+                                    f"other steps: {others or 'none'}") from None
+
     def restore_extra(self, step: int | None = None) -> dict:
         """Only the JSON document of a checkpoint (e.g. its run config)."""
         step = self.latest_step() if step is None else step

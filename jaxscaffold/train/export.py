@@ -15,7 +15,7 @@ from jaxscaffold.models import hf_io, peft_io, qwen3
 from jaxscaffold.models import lora as lora_lib
 from jaxscaffold.models.tokenizer import cached_hf_tokenizer_dir
 from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state
-from jaxscaffold.train.checkpoint import Checkpointer, CheckpointNotFound
+from jaxscaffold.train.checkpoint import CheckpointCorrupt, Checkpointer, CheckpointNotFound
 from jaxscaffold.train.job import build_model, lora_config
 
 
@@ -48,7 +48,13 @@ def export_checkpoint(checkpoint: str, out: str, *, step: int | None = None, dty
         step = ckpt.latest_step() if step is None else step
         if step is None:
             raise CheckpointNotFound(f"no checkpoint in {directory}")
-        cfg = ConfigDict(ckpt.restore_extra(step)["config"])
+        try:
+            cfg = ConfigDict(ckpt.restore_extra(step)["config"])
+        except (CheckpointNotFound, CheckpointCorrupt):
+            raise
+        except Exception as e:  # noqa: BLE001  an unreadable JSON document: the step is damaged
+            raise CheckpointCorrupt(f"checkpoint step {step} in {directory}: its config does not read back "
+                                    f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
         config = _model_config(cfg)
         lora = lora_config(None if cfg.get("lora") is None else config_lib.Lora(**cfg.lora))
         if peft_out and lora is None:
@@ -62,7 +68,7 @@ def export_checkpoint(checkpoint: str, out: str, *, step: int | None = None, dty
         target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype,
                                                              sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])),
                               target)
-        state, _ = ckpt.restore(target, step)
+        state, _ = ckpt.read(target, step)
     finally:
         ckpt.close()
     tokenizer_dir = cfg.model.tokenizer or cfg.model.hf_path or str(cached_hf_tokenizer_dir())

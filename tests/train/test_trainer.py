@@ -232,3 +232,19 @@ def test_dapo_overlong_penalty_counts_the_longest_turn():
     np.testing.assert_allclose(plain, [1, 1, 0, 0]) and np.testing.assert_allclose(none, 0)
     _, capped = shaped_rewards(eps, dapo, max_new_tokens=8)  # a budget under the buffer: capped
     np.testing.assert_allclose(capped, [-1, -1, -1, -(5 - 0) / 8])
+
+
+@pytest.mark.parametrize("how", ["truncate", "delete"])
+def test_export_of_a_damaged_checkpoint_is_one_line(tmp_path, how):
+    """launch/export_hf.py on a damaged step: exit 2, one line naming the step and the others
+    (it used to end 137 lines of Orbax traceback)."""
+    import subprocess
+    import sys
+    train(tiny_config(tmp_path, steps=2, **{"eval.every": 0, "checkpoint.every": 1}))
+    _damage(tmp_path / "checkpoints" / "2", how)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, os.path.join(root, "launch", "export_hf.py"), "--checkpoint", str(tmp_path),
+                          "--out", str(tmp_path / "hf")], capture_output=True, text=True, timeout=600)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
+    assert "step 2" in lines[0] and "other steps: [1]" in lines[0]
