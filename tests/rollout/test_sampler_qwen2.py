@@ -36,11 +36,15 @@ def test_greedy_equals_repeated_argmax_of_full_forward(model, layout):
     prompts = {s: list(rng.randint(0, VOCAB, n)) for s, n in enumerate([9, 1, 5])}
     state = sampler.extend(prepared, sampler.init_state(), prompts)
     _, out = sampler.generate(prepared, state, list(prompts), max_new_tokens=10, seeds=[0, 1, 2])
-    for slot, prompt in prompts.items():
+    width = 32  # every sequence right-padded to one length: one compiled forward (causal, so padding after
+    for slot, prompt in prompts.items():  # the last real token changes none of its logits)
         seq = list(prompt)
         for _ in range(10):
-            logits = full_forward(params, config, jnp.asarray(seq, jnp.int32)[None])
-            seq.append(int(jnp.argmax(logits[0, -1])))
+            tokens = np.zeros((1, width), np.int32)
+            tokens[0, :len(seq)] = seq
+            segments = (np.arange(width) < len(seq)).astype(np.int32)[None]
+            logits = full_forward(params, config, jnp.asarray(tokens), segment_ids_BT=jnp.asarray(segments))
+            seq.append(int(jnp.argmax(logits[0, len(seq) - 1])))
         assert list(out[slot].tokens) == seq[len(prompt):], slot
 
 

@@ -13,7 +13,7 @@ from jaxscaffold.studies import report, runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = os.path.join(ROOT, "configs")
-QUICK = ["steps=2", "eval.every=2", "eval.tasks=4", "eval.max_len=0", "envs.eval=letters", "envs.num_workers=0",
+QUICK = ["steps=2", "eval.every=2", "eval.at_start=false", "eval.tasks=4", "eval.max_len=0", "envs.eval=letters", "envs.num_workers=0",
          "rollout.tasks_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=8", "mesh.devices=1",
          "checkpoint.every=2"]
 
