@@ -51,14 +51,17 @@ def to_python(source: str) -> str:
 class Runner:
     """Runs cells in one namespace, as a kernel would; shell commands must succeed."""
 
-    def __init__(self, env: dict, shown: list):
+    def __init__(self, env: dict, shown: list, monkeypatch):
         self.ns: dict = {"_shell": self.shell, "_cd": self.cd, "__name__": "__main__"}
         self.env, self.outputs = env, []
         display = types.ModuleType("IPython.display")  # Colab's display: record what is shown
         display.Image = lambda path: shown.append(path) or path
         display.display = lambda *objs: None
-        sys.modules.setdefault("IPython", types.ModuleType("IPython"))
-        sys.modules["IPython.display"] = display
+        # Restored after the test: a stub IPython left in sys.modules breaks matplotlib later on
+        # in the same worker (it reads IPython.version_info when the module is present).
+        if "IPython" not in sys.modules:
+            monkeypatch.setitem(sys.modules, "IPython", types.ModuleType("IPython"))
+        monkeypatch.setitem(sys.modules, "IPython.display", display)
 
     def expand(self, text: str) -> str:
         return re.sub(r"\{(\w+)\}", lambda m: str(self.ns[m.group(1)]), text)
@@ -91,7 +94,7 @@ def test_the_notebook_runs_as_written_and_again(tmp_path, monkeypatch):
     monkeypatch.setenv("JAXSCAFFOLD_OUTPUTS", str(tmp_path / "out"))
     monkeypatch.chdir(tmp_path)
     shown: list = []
-    runner = Runner(env, shown)
+    runner = Runner(env, shown, monkeypatch)
     settings = {"MODEL": str(ckpt), "EXTRA": SHORT, "REPO_DIR": ROOT, "MORE_STEPS": 3}
     cells = code_cells()
     for i, cell in enumerate(cells):
@@ -113,11 +116,18 @@ def test_the_notebook_runs_as_written_and_again(tmp_path, monkeypatch):
 
 
 def test_the_colab_config_fits_one_16gb_chip():
-    """configs/colab.py's memory plan for one 16 GB chip (compiled on a fake device)."""
+    """configs/colab.py's memory plan for one 16 GB chip, through launch/plan.py as the notebook
+    runs it (compiled on a fake device). A fresh process: this compile of Qwen3-0.6B shapes
+    segfaulted twice inside XLA's compile in a long-lived pytest-xdist worker (clean-clone CI,
+    -n 2), never in a process of its own; the cause is not found."""
     from jaxscaffold import config as config_lib
-    from jaxscaffold.train.memory_plan import plan
     cfg = config_lib.from_configdict(load_config("colab"))
     assert cfg.lora.rank > 0 and cfg.envs.train == "sciworld" and 0 < cfg.feedback.switch_step < cfg.steps
     assert cfg.rollout.max_turns > 5  # OE's late episode steps (6-10) are reached
-    verdict = plan(cfg, hbm_bytes=16e9, devices=jax.devices()[:1])
-    assert verdict.fits(), verdict.summary() if hasattr(verdict, "summary") else verdict
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "plan.py"), "--config", "colab.py",
+                          "--devices", "1", "--hbm-gb", "16", "--json"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    verdict = json.loads(out.stdout.strip().splitlines()[-1])
+    assert out.returncode == 0 and verdict["fits"], (verdict, out.stderr[-2000:])
+    assert verdict["peak"] < 16e9 and verdict["devices"] == 1
