@@ -27,26 +27,28 @@ from jaxscaffold.envs import bfcl
 from jaxscaffold.envs.base import EnvError
 from jaxscaffold.feedback.bfcl_oe import enrich_result
 
-PROBE_ENTRY = "multi_turn_base_2"  # /simona/documents holds ideas.txt, Archived/, past_projects/
-_INTO_DOCUMENTS = ("cd", {"folder": "documents"})
+# A training entry with the file system alone (its function docs are the only tools: the
+# shortest prompt): /alex/workspace holds log.txt, archive/ (empty) and .hidden_file.
+PROBE_ENTRY = "multi_turn_base_1"
+_INTO_WORKSPACE = ("cd", {"folder": "workspace"})
 
 # operation -> (the user's request, the calls before it, the probed call's arguments)
 OPERATIONS: dict[str, tuple[str, tuple, dict]] = {
-    "cd": ("Go into the documents folder.", (), {"folder": "documents"}),
-    "mkdir": ("In the documents folder, create a directory named 'meeting_notes'.",
-              (_INTO_DOCUMENTS,), {"dir_name": "meeting_notes"}),
-    "touch": ("In the documents folder, create an empty file named 'TeamNotes.txt'.",
-              (_INTO_DOCUMENTS,), {"file_name": "TeamNotes.txt"}),
-    "rm": ("In the documents folder, delete the file 'ideas.txt'.",
-           (_INTO_DOCUMENTS,), {"file_name": "ideas.txt"}),
-    "rmdir": ("In the documents folder, remove the empty directory 'Archived'.",
-              (_INTO_DOCUMENTS,), {"dir_name": "Archived"}),
-    "mv": ("In the documents folder, move 'ideas.txt' into the 'Archived' directory.",
-           (_INTO_DOCUMENTS,), {"source": "ideas.txt", "destination": "Archived"}),
-    "cp": ("In the documents folder, copy 'ideas.txt' into the 'past_projects' directory.",
-           (_INTO_DOCUMENTS,), {"source": "ideas.txt", "destination": "past_projects"}),
-    "echo": ("In the documents folder, write 'Brainstorm at 10am.' into 'ideas.txt'.",
-             (_INTO_DOCUMENTS,), {"content": "Brainstorm at 10am.", "file_name": "ideas.txt"}),
+    "cd": ("Go into the workspace folder.", (), {"folder": "workspace"}),
+    "mkdir": ("In the workspace folder, create a directory named 'reports'.",
+              (_INTO_WORKSPACE,), {"dir_name": "reports"}),
+    "touch": ("In the workspace folder, create an empty file named 'todo.txt'.",
+              (_INTO_WORKSPACE,), {"file_name": "todo.txt"}),
+    "rm": ("In the workspace folder, delete the file 'log.txt'.",
+           (_INTO_WORKSPACE,), {"file_name": "log.txt"}),
+    "rmdir": ("In the workspace folder, remove the empty directory 'archive'.",
+              (_INTO_WORKSPACE,), {"dir_name": "archive"}),
+    "mv": ("In the workspace folder, move 'log.txt' into the 'archive' directory.",
+           (_INTO_WORKSPACE,), {"source": "log.txt", "destination": "archive"}),
+    "cp": ("In the workspace folder, copy 'log.txt' into the 'archive' directory.",
+           (_INTO_WORKSPACE,), {"source": "log.txt", "destination": "archive"}),
+    "echo": ("In the workspace folder, write 'All checks passed.' into 'log.txt'.",
+             (_INTO_WORKSPACE,), {"content": "All checks passed.", "file_name": "log.txt"}),
 }
 
 

@@ -13,6 +13,7 @@ than before; see `launch/probe.py`.
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax
@@ -49,17 +50,21 @@ def batch_rows(rows: Sequence[tuple[list[int], int, int]], multiple: int = ROW_M
     return {"tokens_BT": tokens, "segment_ids_BT": seg, "loss_mask_BT": mask}
 
 
+@functools.partial(jax.jit, static_argnums=(1, 5))
+def _logprobs(params, config, tokens_BT, segment_ids_BT, mask_BT, num_positions):
+    return masked_token_logprobs(params, config, tokens_BT, mask_BT, num_positions, segment_ids_BT=segment_ids_BT)[0]
+
+
 def span_logprobs(params, config, rows: Sequence[tuple[list[int], int, int]], *, rows_per_call: int = 1) -> list[float]:
     """The mean log-probability of each row's span under the model (teacher forcing)."""
     num_positions = max(end - start for _, start, end in rows)
-    score = jax.jit(lambda p, tok, seg, m: masked_token_logprobs(p, config, tok, m, num_positions,
-                                                                 segment_ids_BT=seg)[0])
     batch = batch_rows(rows)
     out = []
     # A few rows per call: each row's attention over its ~3k positions is what the memory holds.
     for i in range(0, len(rows), rows_per_call):
         part = {k: jnp.asarray(v[i:i + rows_per_call]) for k, v in batch.items()}
-        logp = np.asarray(score(params, part["tokens_BT"], part["segment_ids_BT"], part["loss_mask_BT"]))
+        logp = np.asarray(_logprobs(params, config, part["tokens_BT"], part["segment_ids_BT"], part["loss_mask_BT"],
+                                    num_positions))
         mask = np.asarray(part["loss_mask_BT"])
         out += [float(np.sum(logp[r] * mask[r]) / np.sum(mask[r])) for r in range(len(logp))]
     return out
