@@ -52,3 +52,24 @@ def test_tags_get_a_success_each_outside_the_score():
     assert m["eval/score"] == pytest.approx((3 / 5 + 1 / 3) / 2)
     untagged = [{k: v for k, v in e.items() if k != "tags"} for e in summaries]
     assert {k: v for k, v in m.items() if "/tier_" not in k} == score_metrics(untagged)
+
+
+def test_training_evaluation_reports_bfcl_tiers_from_episode_summaries():
+    """The path training's evaluation takes (`episode_summaries` -> `score_metrics`): BFCL tasks
+    bring their difficulty tier, counted by hand here."""
+    pytest.importorskip("bfcl_eval")
+    from jaxscaffold.envs import bfcl
+    from jaxscaffold.episodes.episode import Episode
+    from jaxscaffold.rollout.conversation import Conversation
+    from jaxscaffold.train.metrics import episode_summaries
+    tasks = bfcl.catalogue("validation")[:12]
+    episodes = [Episode(task=t, group=i, conversation=Conversation(), won=i % 3 == 0, done=True)
+                for i, t in enumerate(tasks)]
+    m = score_metrics(episode_summaries(episodes))
+    for tier in bfcl.TIERS:
+        won = [e.won for e in episodes if e.task.spec["tier"] == tier]
+        if won:
+            assert m[f"eval/success_bfcl/tier_{tier}"] == pytest.approx(sum(won) / len(won))
+        else:
+            assert f"eval/success_bfcl/tier_{tier}" not in m
+    assert m["eval/score"] == pytest.approx(4 / 12)  # one category (base) only: 4 won of 12
