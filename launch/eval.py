@@ -19,9 +19,10 @@ ScienceWorld levels are part of the split: `--split L1/test`.
 `--config NAME_OR_PATH` (with `--config.FIELD=VALUE` overrides) takes the config's evaluation
 set instead of --env / --split: `envs.eval`, capped at `eval.tasks`, balanced over each env's
 categories with the run seed, as training evaluates (`train.tasks.load_eval_tasks`); it reports
-the paper's scores (per env, per category, `eval/score`; the JSON line's "metrics").
-`--list-tasks` prints the set, one task a line (with --json one JSON object each: env,
-task_id, category), and exits. The overrides also set how the model is run (sampling
+the paper's scores (per env, per category, per tag: BFCL's difficulty tiers
+`eval/success_bfcl/tier_easy|medium|hard`; `eval/score`; the JSON line's "metrics").
+`--list-tasks` prints the set, one task a line (env, task_id, category and its tags; with
+--json one JSON object each: env, task_id, category), and exits. The overrides also set how the model is run (sampling
 `rollout.temperature`, turns `eval.max_turns`, lengths `rollout.max_new_tokens` /
 `eval.max_len`, thinking `rollout.enable_thinking`, env options `envs.env_kwargs`); with
 `--checkpoint` they apply to the checkpoint's own config.
@@ -54,7 +55,7 @@ def config_tasks(cfg) -> list:
 def record(ep, tokenizer=None) -> dict:
     """An episode as `--out` writes it (and `train.evaluation.score_metrics` reads it)."""
     out = {"env": ep.task.env, "task_id": ep.task.task_id, "split": ep.task.split, "category": ep.task.category,
-           "reward": float(ep.reward), "won": bool(ep.won and ep.failure is None), "failed": ep.failure is not None,
+           "tags": list(ep.task.tags), "reward": float(ep.reward), "won": bool(ep.won and ep.failure is None), "failed": ep.failure is not None,
            "failure": ep.failure, "steps": ep.steps, "truncated": ep.truncated,
            "observations": list(ep.observations), "actions": list(ep.actions),
            "feedback": [list(f) for f in ep.feedback]}
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.list_tasks:
         for t in tasks:
             print(json.dumps({"env": t.env, "task_id": t.task_id, "category": t.category}) if args.json
-                  else f"{t.env}\t{t.task_id}\t{t.category}")
+                  else "\t".join([t.env, t.task_id, t.category, *t.tags]))
         return
     if args.policy == "model" and not (args.checkpoint or args.hf or base is not None and base.model.hf_path):
         fail("--policy model needs --checkpoint or --hf (or a --config with model.hf_path)")

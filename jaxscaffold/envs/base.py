@@ -24,6 +24,9 @@ class Task:
     # The stratum evaluation balances over and reports by (ScienceWorld task type, BFCL
     # category, ALFWorld task type, tau2 domain); "" for an env without one.
     category: str = ""
+    # Further strata reported like categories (`eval/success_<env>/<tag>`) but neither balanced
+    # over nor averaged into `eval/score`: BFCL's difficulty tier ("tier_easy", ...).
+    tags: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass

@@ -143,9 +143,31 @@ def domain(involved_classes: Sequence[str]) -> tuple[str, ...]:
     return tuple(c for c in involved_classes if c in TRAIN_DOMAIN + VALIDATION_DOMAIN)
 
 
+# Difficulty tiers (the paper stratifies its 400 validation entries by difficulty, without
+# saying how): an entry's difficulty is its number of gold turns that need calls plus its number
+# of gold calls (every checked turn is one more state/response check to pass, every call one more
+# step to get right). The bounds split v3's validation set into thirds: easy <= 8 (136
+# entries), medium 9-10 (132), hard >= 11 (132), 32-34 of each category per tier (the
+# categories share their base conversations); the training set: 142 / 108 / 150.
+TIERS = ("easy", "medium", "hard")
+TIER_MAX_DIFFICULTY = (8, 10)  # the largest difficulty of easy and of medium
+
+
+def difficulty(gold: Sequence[Sequence[str]]) -> int:
+    """An entry's difficulty: its gold turns with at least one call plus its gold calls."""
+    return sum(1 for turn in gold if turn) + sum(len(turn) for turn in gold)
+
+
+def tier(gold: Sequence[Sequence[str]]) -> str:
+    """The difficulty tier ("easy" | "medium" | "hard") of an entry's per-turn gold calls."""
+    d = difficulty(gold)
+    return next((t for t, bound in zip(TIERS, TIER_MAX_DIFFICULTY) if d <= bound), TIERS[-1])
+
+
 def catalogue(split: str, *, categories: Sequence[str] = CATEGORIES,
               cross_domain: bool = False) -> list[Task]:
-    """Tasks of `split` ("train": ids 0-99, "validation": ids 100-199 of every category)."""
+    """Tasks of `split` ("train": ids 0-99, "validation": ids 100-199 of every category); each
+    task's `tags` hold its difficulty tier ("tier_easy", see `tier`)."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose from {SPLITS}")
     ids = TRAIN_IDS if split == "train" else VALIDATION_IDS
@@ -161,7 +183,8 @@ def catalogue(split: str, *, categories: Sequence[str] = CATEGORIES,
             tasks.append(Task(env="bfcl", task_id=e["id"], split=split, spec={
                 "category": category, "index": i, "entry_id": e["id"],
                 "involved_classes": list(e["involved_classes"]), "domain": list(dom),
-                "num_turns": len(e["question"])}, category=category))
+                "num_turns": len(e["question"]), "tier": tier(answers[i])}, category=category,
+                tags=(f"tier_{tier(answers[i])}",)))
     return tasks
 
 

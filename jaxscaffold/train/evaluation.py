@@ -1,7 +1,8 @@
 """The scores an evaluation reports, as the FEE paper's table does: success per env, per
 category of each env (ScienceWorld task type, BFCL category) and `score`, the mean over the
 paper's items: each of BFCL's categories and every other env as a whole (with ScienceWorld and
-BFCL, the five-item average of its headline numbers). Computed from JSON episode summaries
+BFCL, the five-item average of its headline numbers); beside them the success of each tag
+(`Task.tags`: BFCL's difficulty tiers, the paper's stratified analysis). Computed from JSON episode summaries
 (`metrics.episode_summaries`), the same on every process."""
 
 from __future__ import annotations
@@ -38,9 +39,10 @@ def score_items(envs_categories: dict[str, Sequence[str]], prefix: str) -> list[
 
 
 def score_metrics(summaries: Sequence[dict], prefix: str = "eval") -> dict[str, float]:
-    """Per-env and per-category success of the episodes that ran (infrastructure failures
-    excluded, as `summary_metrics` does) and `<prefix>/score`, the unweighted mean of
-    `score_items`."""
+    """Per-env, per-category and per-tag success of the episodes that ran (infrastructure
+    failures excluded, as `summary_metrics` does; tags: `Task.tags`, e.g.
+    "eval/success_bfcl/tier_hard") and `<prefix>/score`, the unweighted mean of `score_items`
+    (categories only)."""
     ok = [e for e in summaries if not e["failed"]]
     if not ok:
         return {}
@@ -53,6 +55,11 @@ def score_metrics(summaries: Sequence[dict], prefix: str = "eval") -> dict[str, 
         for c in names - {""}:
             out[category_key(prefix, env, c)] = float(np.mean([e["won"] for e in ok
                                                                if e["env"] == env and e.get("category", "") == c]))
+    # Tags (e.g. BFCL's difficulty tiers) get a success each, like categories, outside the score.
+    tags = {(e["env"], tag) for e in ok for tag in e.get("tags", ())}
+    for env, tag in sorted(tags):
+        out[category_key(prefix, env, tag)] = float(np.mean([e["won"] for e in ok
+                                                             if e["env"] == env and tag in e.get("tags", ())]))
     items = score_items({env: sorted(names) for env, names in cats.items()}, prefix)
     out[f"{prefix}/score"] = float(np.mean([out[k] for k in items]))
     return out

@@ -19,7 +19,7 @@ def episode_summaries(episodes: Sequence[Episode]) -> list[dict]:
     for e in episodes:
         rollout = seen[e.group] = seen.get(e.group, -1) + 1  # the episode's index in its group
         out.append({"group": e.group, "rollout": rollout, "task": e.task.task_id, "env": e.task.env,
-                    "category": e.task.category,
+                    "category": e.task.category, "tags": list(e.task.tags),
                     "failed": e.failure is not None, "reward": float(e.reward), "won": bool(e.won),
                     "steps": e.steps, "truncated": bool(e.truncated),
                     "response_tokens": int(sum(sum(c.assistant_mask) for c in e.training_rows())),

@@ -35,3 +35,41 @@ def test_score_without_bfcl_averages_envs_and_ignores_missing_categories():
     only_bfcl = score_metrics(_episodes("bfcl", "base", 1, 0) + _episodes("bfcl", "miss_param", 0, 3))
     assert only_bfcl["eval/score"] == pytest.approx(0.5)  # the category mean, not 1/4 pooled
     assert score_metrics(_episodes("bfcl", "base", 0, 0, failed=2)) == {}
+
+
+def test_tags_get_a_success_each_outside_the_score():
+    def tagged(category, tag, won, lost):
+        return [dict(e, tags=[tag]) for e in _episodes("bfcl", category, won, lost)]
+    summaries = (tagged("base", "tier_easy", 2, 0) + tagged("base", "tier_hard", 0, 2)
+                 + tagged("miss_param", "tier_easy", 1, 1) + tagged("miss_param", "tier_medium", 0, 1)
+                 + [dict(e, tags=["tier_hard"]) for e in _episodes("bfcl", "base", 1, 0, failed=3)])
+    m = score_metrics(summaries)
+    # By hand: easy 3/4, medium 0/1, hard 1/3 (failed episodes excluded); base 3/5, miss_param 1/3.
+    assert m["eval/success_bfcl/tier_easy"] == pytest.approx(0.75)
+    assert m["eval/success_bfcl/tier_medium"] == 0.0
+    assert m["eval/success_bfcl/tier_hard"] == pytest.approx(1 / 3)
+    # The score stays the mean of the categories: the tags are no items of it.
+    assert m["eval/score"] == pytest.approx((3 / 5 + 1 / 3) / 2)
+    untagged = [{k: v for k, v in e.items() if k != "tags"} for e in summaries]
+    assert {k: v for k, v in m.items() if "/tier_" not in k} == score_metrics(untagged)
+
+
+def test_training_evaluation_reports_bfcl_tiers_from_episode_summaries():
+    """The path training's evaluation takes (`episode_summaries` -> `score_metrics`): BFCL tasks
+    bring their difficulty tier, counted by hand here."""
+    pytest.importorskip("bfcl_eval")
+    from jaxscaffold.envs import bfcl
+    from jaxscaffold.episodes.episode import Episode
+    from jaxscaffold.rollout.conversation import Conversation
+    from jaxscaffold.train.metrics import episode_summaries
+    tasks = bfcl.catalogue("validation")[:12]
+    episodes = [Episode(task=t, group=i, conversation=Conversation(), won=i % 3 == 0, done=True)
+                for i, t in enumerate(tasks)]
+    m = score_metrics(episode_summaries(episodes))
+    for tier in bfcl.TIERS:
+        won = [e.won for e in episodes if e.task.spec["tier"] == tier]
+        if won:
+            assert m[f"eval/success_bfcl/tier_{tier}"] == pytest.approx(sum(won) / len(won))
+        else:
+            assert f"eval/success_bfcl/tier_{tier}" not in m
+    assert m["eval/score"] == pytest.approx(4 / 12)  # one category (base) only: 4 won of 12

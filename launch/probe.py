@@ -1,0 +1,133 @@
+"""The output-probability probe (the FEE paper's internalisation test): the mean log-probability
+a model gives the OE-enriched outputs of 8 BFCL file-system operations (cd, mkdir, touch, rm,
+rmdir, mv, cp, echo), teacher-forced with the model's chat template, per operation and their
+mean (`jaxscaffold.train.probe`; the cases: `jaxscaffold.feedback.bfcl_probe`).
+
+  python launch/probe.py --checkpoint runs/fee_bfcl [--step N] --json   (a training run's model)
+  python launch/probe.py --model /path/to/hf_dir --json                  (an HF directory)
+  python launch/probe.py --config fee_bfcl.py --json                     (a config's untrained model)
+
+Run it on the checkpoints of a FEE run and of a standard run: the paper reads a rising score
+as the feedback being written into the weights. `--json` prints one JSON object: the model's
+source, "operations" ({op: {"mean_logprob", "tokens"}}) and "mean_logprob". Bad input (no
+checkpoint, an unreadable model) is one line on stderr, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def fail(message: str) -> None:
+    """Bad input: one line on stderr, exit code 2."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.unraisablehook = lambda unraisable: None  # a damaged step's abandoned reads, at exit
+    sys.exit(2)
+
+
+def from_checkpoint(path: str, step: int | None):
+    """(params, model config, tokenizer, step) of a run's checkpoint (its out_dir or checkpoints/):
+    the run's own config builds the job the state is read into; LoRA's adapters are merged."""
+    from ml_collections import ConfigDict
+
+    from jaxscaffold import config as config_lib
+    from jaxscaffold.train.checkpoint import Checkpointer, CheckpointNotFound, saved_steps
+    from jaxscaffold.train.job import build_job
+    directory = path if os.path.basename(os.path.normpath(path)) == "checkpoints" else os.path.join(path, "checkpoints")
+    steps = saved_steps(directory)  # before Checkpointer, which would create the directory
+    if not steps:
+        raise CheckpointNotFound(f"no checkpoint in {path} (expected a run's out_dir or its checkpoints/)")
+    if step is not None and step not in steps:
+        raise CheckpointNotFound(f"no checkpoint for step {step} in {path} (have {steps})")
+    ckpt = Checkpointer(directory, async_save=False)
+    try:
+        step = steps[-1] if step is None else step
+        cfg = config_lib.from_configdict(ConfigDict(ckpt.restore_extra(step)["config"]))
+        job, state = build_job(config_lib.replace(cfg, **{"mesh.devices": 1}))
+        state, _ = ckpt.read(state, step)
+    finally:
+        ckpt.close()
+    return job.policy_params(state.params), job.model_config, job.tokenizer, step
+
+
+def from_config(cfg):
+    """(params, model config, tokenizer) of a config's model before training (its HF
+    checkpoint, or its preset's seeded init)."""
+    from jaxscaffold.models.tokenizer import load_tokenizer
+    from jaxscaffold.train.job import build_model, tokenizer_path
+    config, params = build_model(cfg, None)
+    return params, config, load_tokenizer(tokenizer_path(cfg.model))
+
+
+def from_hf(path: str, compute_dtype: str):
+    """(params, model config, tokenizer) of an HF directory (its tokenizer, else the offline one)."""
+    from jaxscaffold.models import hf_io
+    from jaxscaffold.models.tokenizer import load_tokenizer
+    config, params = hf_io.load_pretrained(path, dtype="float32", compute_dtype=compute_dtype)
+    has_tokenizer = os.path.exists(os.path.join(path, "tokenizer_config.json"))
+    return params, config, load_tokenizer(path if has_tokenizer else None)
+
+
+def config_name(argv: list[str]) -> str | None:
+    """The value of --config in `argv` (`config.from_command_line` takes it out of the rest)."""
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--config="):
+            return arg[len("--config="):]
+    return None
+
+
+def main(argv: list[str] | None = None) -> None:
+    from jaxscaffold import config as config_lib
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        base, rest, show_help = config_lib.from_command_line(argv, os.path.join(ROOT, "configs"))
+    except config_lib.ConfigError as e:
+        fail(str(e))
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", default="", help="a training run's out_dir (or its checkpoints/)")
+    p.add_argument("--step", type=int, default=None, help="its checkpoint step (default: the latest)")
+    p.add_argument("--model", default="", help="an HF model directory")
+    p.add_argument("--config", help="a config (name in configs/ or path): its model before training")
+    p.add_argument("--dtype", default="float32", help="--model: the compute dtype (default float32)")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(rest + (["--help"] if show_help else []))
+    if sum(map(bool, (args.checkpoint, args.model, base is not None))) != 1:
+        fail("give one of --checkpoint DIR, --model HF_DIR or --config NAME_OR_PATH")
+    from jaxscaffold.envs.base import EnvError
+    from jaxscaffold.feedback.bfcl_probe import PROBE_ENTRY, probe_cases
+    from jaxscaffold.models.hf_io import CheckpointError
+    from jaxscaffold.train.checkpoint import CheckpointCorrupt, CheckpointNotFound
+    from jaxscaffold.train.probe import probe_report
+    try:
+        cases = probe_cases()
+        if args.checkpoint:
+            params, config, tokenizer, step = from_checkpoint(args.checkpoint, args.step)
+            source = {"checkpoint": args.checkpoint, "step": step}
+        elif args.model:
+            params, config, tokenizer = from_hf(args.model, args.dtype)
+            source = {"model": args.model}
+        else:
+            params, config, tokenizer = from_config(base)
+            source = {"config": config_name(argv)}
+        report = probe_report(params, config, tokenizer, cases)
+    except (CheckpointNotFound, CheckpointCorrupt, CheckpointError, config_lib.ConfigError, EnvError, ValueError) as e:
+        fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    report = {**source, "entry": PROBE_ENTRY, "compute_dtype": str(config.compute_dtype), **report}
+    if args.json:
+        print(json.dumps(report))
+        return
+    for op, r in report["operations"].items():
+        print(f"{op:6s} {r['mean_logprob']:9.4f}  ({r['tokens']} tokens)")
+    print(f"mean   {report['mean_logprob']:9.4f}")
+
+
+if __name__ == "__main__":
+    main()
