@@ -98,4 +98,8 @@ def get_config() -> ConfigDict:
     c.logging.verbose = False  # also third-party INFO logs (Orbax, absl, JAX); off: their warnings and errors only
     c.logging.wandb = "off"  # off | offline (files in out_dir/wandb, `wandb sync` uploads them) | online (needs wandb)
     c.logging.wandb_project = "jaxscaffold"  # wandb project of the run (the run is named after out_dir)
+
+    c.memory = ConfigDict()
+    c.memory.check_at_start = True  # compile the memory plan (launch/plan.py's) at start; refuse a run that cannot fit
+    c.memory.hbm_gb = 0.0  # memory per device to check against, GB; 0: the device's own limit (none on CPU: no check)
     return c

@@ -145,6 +145,12 @@ class Logging:
 
 
 @dataclasses.dataclass(frozen=True)
+class Memory:
+    check_at_start: bool = True
+    hbm_gb: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class Lora:
     rank: int
     alpha: float
@@ -209,6 +215,7 @@ class RunConfig:
     eval: Eval
     checkpoint: Checkpoint
     logging: Logging = Logging()  # (a default: configs written before the section load)
+    memory: Memory = Memory()  # the start-up memory check (a default, as `logging`)
     rwml: RWML | None = None  # the world-model section (configs/rwml.py); only `job = "rwml"` reads it
     lora: Lora | None = None  # LoRA adapters (configs/base.py); None (configs written before it): off
 
@@ -368,6 +375,7 @@ def validate(cfg: RunConfig) -> None:
     from jaxscaffold.rl import presets
 
     _one_of("rl.algorithm", cfg.rl.algorithm, sorted(presets.PRESETS))
+    _range("memory.hbm_gb", cfg.memory.hbm_gb, 0.0)
     if not cfg.model.hf_path:
         _one_of("model.preset", cfg.model.preset.lower(), ["tiny", *model_configs.PRESETS])
     f = cfg.feedback

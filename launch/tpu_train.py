@@ -35,14 +35,15 @@ def parse_args(argv: list[str]) -> config_lib.RunConfig:
 def user_errors() -> tuple[type[Exception], ...]:
     """The project's errors that mean bad input, not a bug: a refused resume, no readable
     checkpoint, an unloadable model directory or safetensors file, an unreadable task source,
-    an env's missing dependency."""
+    an env's missing dependency, a run that does not fit its devices' memory."""
     from jaxscaffold.envs.registry import MissingEnvDependency
     from jaxscaffold.models.hf_io import CheckpointError
     from jaxscaffold.models.safetensors_io import SafetensorsError
     from jaxscaffold.train.checkpoint import CheckpointCorrupt
+    from jaxscaffold.train.memory_check import PlanDoesNotFit
     from jaxscaffold.train.tasks import TaskSourceError
     return (config_lib.ConfigError, CheckpointCorrupt, CheckpointError, SafetensorsError, TaskSourceError,
-            MissingEnvDependency)
+            MissingEnvDependency, PlanDoesNotFit)
 
 
 def main(argv: list[str]) -> None:

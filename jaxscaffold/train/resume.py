@@ -22,7 +22,7 @@ CONFIG_FILE = "config.json"
 # Fields that only say how the run executes or reports, never what it computes: they change
 # freely (a longer run, more env workers, another mesh: the checkpoint restores onto any
 # sharding). A name ending in "." is a section.
-FREE = ("out_dir", "steps", "mesh.", "envs.num_workers", "envs.step_timeout_s", "checkpoint.", "logging.",
+FREE = ("out_dir", "steps", "mesh.", "envs.num_workers", "envs.step_timeout_s", "checkpoint.", "logging.", "memory.",
         "eval.every", "eval.at_start")  # how often the model is evaluated changes no training
 # Fields that decide the parameters' shapes: a checkpoint cannot be restored under others.
 FIXED = ("job", "model.hf_path", "model.preset", "lora.rank", "lora.targets")  # LoRA: the adapters' shapes

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 
 from jaxscaffold import config as config_lib
-from jaxscaffold.train import resume, startup
+from jaxscaffold.train import memory_check, resume, startup
 from jaxscaffold.train.checkpoint import Checkpointer
 from jaxscaffold.train.job import build_job, optimizer_config
 from jaxscaffold.train.logger import MetricLogger
@@ -45,6 +45,7 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     cfg = config_lib.typed(cfg)
     startup.configure_logging(cfg.logging.verbose)
     changes = resume.check_resume(cfg)  # before the model is built: a refused change costs nothing
+    memory_check.check_fits(cfg)  # likewise a run that cannot fit its devices
     job, state = build_job(cfg)
     work = workload(job, job.policy_params(state.params))
     out = cfg.out_dir
