@@ -80,3 +80,24 @@ def test_window_buckets_must_end_at_the_capacity(tiny):
     for bad in ((128, 256), (256, 128, 700)):
         with pytest.raises(ValueError, match="window_buckets"):
             Sampler(config, batch_size=1, max_len=700, window_buckets=bad)
+
+
+def test_sharded_windows_equal_unsharded(tiny):
+    """Rows over the batch axes, kv heads over `tensor`: the windowed stacked decode gives the
+    unsharded one's tokens, and the cache keeps its sharding."""
+    from jaxscaffold.models.sharding import MeshConfig, make_mesh
+    config, params = tiny
+    mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    outs = []
+    for p, m in ((params, None), (jax.device_put(params, qwen3.param_shardings(config, mesh)), mesh)):
+        sampler = Sampler(config, batch_size=4, max_len=CAPACITY, sampling=SamplingConfig(temperature=1.0),
+                          stop_ids=(), layout="stacked", mesh=m)
+        state = sampler.extend(p, sampler.init_state(), {s: [s + 10, 2 * s + 11] * 60 for s in range(4)})
+        state, out = sampler.generate(p, state, list(range(4)), max_new_tokens=12, seeds=[1, 2, 3, 4])
+        if m is not None:
+            want = jax.sharding.NamedSharding(m, jax.sharding.PartitionSpec(None, ("data", "fsdp"), "tensor"))
+            assert state.cache.k.sharding.is_equivalent_to(want, 5), state.cache.k.sharding
+        outs.append(out)
+    for s in range(4):  # 120 prompt tokens + 12: windows 128, then 192
+        np.testing.assert_array_equal(outs[0][s].tokens, outs[1][s].tokens)
+        np.testing.assert_allclose(outs[0][s].logprobs, outs[1][s].logprobs, atol=1e-5)
