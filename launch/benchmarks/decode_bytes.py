@@ -10,24 +10,26 @@ what the stacked layout ran before it was windowed). Figures: `bytes_accessed` o
 
 Nothing is compiled or run: parameters and cache are abstract (`qwen3.param_shapes`,
 `jax.eval_shape`) and the sampler's decode chunk is only lowered, one step long
-(`Sampler.lower_decode`). The method (`benchmarks.hlo_bytes`):
+(`Sampler.lower_decode`). The method (`benchmarks.hlo_bytes`, whose docstring has the rules):
 - XLA's own cost analysis of the *compiled* program is not usable here. XLA:CPU rewrites a bf16
   program its own way: it has no bf16 scatter and widens the cache write to f32 copies of the
-  whole cache, and it copies every weight slice a matmul reads (measured: 661 GB for a step
-  whose lowered module counts 85 GB). A TPU or GPU compile, the one that matters, needs the
-  device. Its figure would count a loop's body once, too.
-- So the count is taken from the *lowered* (unoptimised) module, whose ops are the program's
-  own, by XLA's cost-analysis rules re-applied op by op (the bench checks that, unchanged, they
-  reproduce `Lowered.cost_analysis()` of the same module: `xla_check`), with two changes:
-  loops with a stated trip count (the scan over layers) count their body that many times, and
-  slices, dynamic slices and (row-major) reshapes are free, their consumers reading the bytes
-  where they lie, as TPU / GPU fusion reads a layer's weights or cache window.
-- What it does not model, plainly: every other op counts as unfused, writing its output and
-  reading its operands (the f32 attention scores and softmax, the sampling over the vocabulary
-  are counted once per elementwise op; a fusing compiler moves them once or twice): an
-  overcount, listed as "not dot" bytes. And a compiler's own copies (a layout change on TPU's
-  tiled layouts, a slice it does not fuse) are not counted; only a device compile (or a run)
-  shows those.
+  whole cache, and it copies every weight slice a matmul reads (a step whose lowered module
+  counts 85 GB counted 661 GB compiled). A TPU or GPU compile, the one that matters, needs the
+  device; and any compiled figure counts a loop's body (the scan over layers) once.
+- So the count is taken from the *lowered* module, whose ops are the program's own, by XLA's
+  cost-analysis rules re-applied op by op (unchanged, they reproduce
+  `Lowered.cost_analysis()` of the same module: the `xla_check` field, a relative deviation),
+  with three changes: the scan over layers counts its body once per layer; slices, dynamic
+  slices and reshapes are read where they lie (a layer's weights, its cache window); and
+  elementwise ops fuse into elementwise / reduce consumers, as XLA's loop fusion does
+  (`bytes_accessed`). `unfused_bytes` is the count without that last change: every
+  elementwise op writes its output and reads its operands (an upper bound of a kind: the f32
+  attention scores and the sampling over the vocabulary counted once per op).
+- Its limits, plainly: it is a model of a fusing compile, not one. It does not know a TPU /
+  GPU compiler's copies (a layout change on tiled layouts, a slice left unfused) or its
+  further fusions (a multi-output softmax, a dot fused with its consumer); the figures are
+  what the program's ops must move if fused as said, to check against a device run (the
+  decode tokens/s of `launch/device_check.sh`).
 - The fill is the best case of the window buckets (a row ending exactly on one); a chunk
   starting just past a bucket reads up to 1.5x the filled cache (the half-octave ladder: 1024,
   1536, 2048, ...), about 1.2x averaged over a chunk.
@@ -64,21 +66,23 @@ def min_bytes(config, params, rows: int, filled: int) -> int:
 
 def step_bytes(sampler: Sampler, params, filled: int) -> dict:
     """One decode step of `sampler` with its longest row at `filled` tokens: the per-op count
-    (loops x trip count, slices fused), XLA's lowered cost analysis and the rules' replica of it."""
+    (loops x trip count, loop fusion), the same without fusing elementwise ops, XLA's lowered
+    cost analysis and the rules' replica of it."""
     state = jax.eval_shape(sampler.init_state)
     window = sampler.decode_window(filled)
     lowered = sampler.lower_decode(params, state, window=window, steps=1)
     text = lowered.as_text(dialect="hlo")
-    counted = hlo_bytes.bytes_accessed(text, loops=True, fused=True)
+    counted = hlo_bytes.bytes_accessed(text, loops=True, fusion=True)
+    unfused = hlo_bytes.bytes_accessed(text, loops=True, fused=True).total
     xla = float(lowered.cost_analysis()["bytes accessed"])
     replica = hlo_bytes.bytes_accessed(text).total
-    return {"window": window, "bytes": counted.total, "by_opcode": counted.by_opcode, "xla_lowered": xla,
-            "xla_check": replica / xla - 1}
+    return {"window": window, "bytes": counted.total, "by_opcode": counted.by_opcode, "unfused": unfused,
+            "xla_lowered": xla, "xla_check": replica / xla - 1}
 
 
 def run(quick: bool = False) -> None:
     if quick:
-        cases = [("qwen3-0.6b", dict(num_layers=2), 16, 2048)]
+        cases = [("qwen3-0.6b", {"num_layers": 2}, 16, 2048)]
     else:
         cases = [(name, {}, rows, 8192) for name in ("qwen3-0.6b", "qwen3-4b") for rows in (16, 128)]
     for name, overrides, rows, capacity in cases:
@@ -104,5 +108,6 @@ def run(quick: bool = False) -> None:
                                       "filled": filled, "program": program, "window": got["window"],
                                       "bytes_accessed": got["bytes"], "min_bytes": least,
                                       "dot_bytes": dots, "not_dot_bytes": got["bytes"] - dots,
+                                      "unfused_bytes": got["unfused"], "unfused_ratio": got["unfused"] / least,
                                       "xla_lowered_bytes": got["xla_lowered"],
                                       "xla_check": round(got["xla_check"], 6)})
