@@ -30,14 +30,16 @@ def windowed_hidden_states(params, config: Qwen3Config, tokens_BT, *, segment_id
                            window: int):
     """`qwen3.hidden_states` with a stacked cache, attending over its first `window` slots
     (static; they must hold every row's cached tokens, the caller buckets it) instead of the
-    whole capacity. Same values: the slots past the window are empty for every row, and
-    `cached_attention` gives empty slots exactly zero weight.
+    whole capacity. The same values up to f32 rounding: the slots past the window are empty
+    for every row and `cached_attention` gives them exactly zero weight, but its sums run
+    over fewer terms, in another order (the tests' sampled tokens are equal).
 
-    How it reads the cache: the layers are scanned over their index, the whole cache stays
-    a loop-invariant operand and each layer takes a static-size dynamic slice of its window
-    (fused into the score and value products by the TPU / GPU compilers: the window is
-    read once, never copied); the new keys and values of every layer are written after the
-    loop in one in-place scatter, as the model does."""
+    How it reads the cache: the layers are scanned over their index, the whole cache stays a
+    loop-invariant operand (never copied) and each layer takes a static-size dynamic slice of
+    its window, for TPU / GPU fusion to read in place in the score and value products (what
+    `launch/bench.py decode_bytes` assumes; not yet seen on a device); the new keys and
+    values of every layer are written after the loop in one in-place scatter, as the model
+    does."""
     c = config
     b, t = tokens_BT.shape
     dt = jnp.dtype(c.compute_dtype)
