@@ -14,8 +14,10 @@ Nothing is compiled or run: parameters and cache are abstract (`qwen3.param_shap
 - XLA's own cost analysis of the *compiled* program is not usable here. XLA:CPU rewrites a bf16
   program its own way: it has no bf16 scatter and widens the cache write to f32 copies of the
   whole cache, and it copies every weight slice a matmul reads (a step whose lowered module
-  counts 85 GB counted 661 GB compiled). A TPU or GPU compile, the one that matters, needs the
-  device; and any compiled figure counts a loop's body (the scan over layers) once.
+  counts 85 GB counted 661 GB compiled; at Qwen3-0.6B, 16 rows, fill 1/8, the windowed and
+  the full-capacity program compile to 156 and 158 GB: the whole-cache copies dominate both).
+  A TPU or GPU compile, the one that matters, needs the device; and any compiled figure counts
+  a loop's body (the scan over layers) once.
 - So the count is taken from the *lowered* module, whose ops are the program's own, by XLA's
   cost-analysis rules re-applied op by op (unchanged, they reproduce
   `Lowered.cost_analysis()` of the same module: the `xla_check` field, a relative deviation),
@@ -30,9 +32,9 @@ Nothing is compiled or run: parameters and cache are abstract (`qwen3.param_shap
   further fusions (a multi-output softmax, a dot fused with its consumer); the figures are
   what the program's ops must move if fused as said, to check against a device run (the
   decode tokens/s of `launch/device_check.sh`).
-- The fill is the best case of the window buckets (a row ending exactly on one); a chunk
-  starting just past a bucket reads up to 1.5x the filled cache (the half-octave ladder: 1024,
-  1536, 2048, ...), about 1.2x averaged over a chunk.
+- The fill is the best case of the window buckets (the longest row ends exactly on one): just
+  past a bucket a step reads up to 1.5x the filled cache (the half-octave ladder: 1024, 1536,
+  2048, ...), 1.14-1.2x on average over a chunk, which fills its window from the one before.
 
 `--quick`: Qwen3-0.6B shapes with 2 layers, 16 rows, a 2,048-slot cache.
 """
