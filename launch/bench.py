@@ -1,6 +1,6 @@
 """Benchmarks: each prints its figures next to a reference measured in the same run.
 
-  python launch/bench.py {sampler,train,envs,embed,tunix,train_flops,lora,feedback} [--json] [--quick]
+  python launch/bench.py {sampler,train,envs,embed,tunix,train_flops,decode_bytes,lora,feedback} [--json] [--quick]
 
 `--json` prints one JSON object per figure: name, value, unit and, where there is a
 reference, ratio (ours / reference).
@@ -23,6 +23,7 @@ SUITES = {
     "embed": "benchmarks.embed",
     "tunix": "benchmarks.tunix_sampler",
     "train_flops": "benchmarks.train_flops",
+    "decode_bytes": "benchmarks.decode_bytes",  # one accelerator decode step's bytes vs weights + filled KV
     "lora": "benchmarks.lora",
     "feedback": "benchmarks.feedback",  # ScienceWorld AG hints under a deviating gold policy
 }

@@ -4,7 +4,8 @@ platform runs it:
 
   cpu.CPU                   per-layer decode layout in column blocks, bf16 cache as bits,
                             windowed cache reads, custom-VJP dense layers, YNNPACK options
-  accelerator.Accelerator   TPU / GPU: stacked weights scanned, plain cache, autodiff
+  accelerator.Accelerator   TPU / GPU: stacked weights scanned, plain cache, windowed cache
+                            reads, autodiff
 
 A backend provides, for the sampler: `prepare(params, config)` (its weight layout; a no-op on
 prepared ones), `is_prepared(params)`, `empty_cache(config, batch, max_len, dtype)`,

@@ -7,7 +7,7 @@ slot for the next episode (continuous batching: a finished episode's slot is ref
 others are mid-episode, and a slot waiting for its environment simply sits out a decode).
 
 Compiled programs are bounded by bucketing: prefill lengths round up to `prefill_buckets`,
-decode lengths to `decode_buckets`, and (a windowed backend: the CPU's) the cache prefix a
+decode lengths to `decode_buckets`, and (a windowed backend: both layouts') the cache prefix a
 call attends over to `window_buckets` (128 x 1, 1.5, 2, 3, 4, 6, ...; a prefill, the powers
 of two among them; all from `jaxscaffold.buckets`), so a step reads about the filled part of
 the cache, not its capacity: a decode runs in chunks, each in the smallest window that holds
@@ -178,6 +178,9 @@ class Sampler:
       column_blocks: per_layer only: matrices split into this many blocks so each of a
         CPU's cores runs one (default: the core count, at most 4, on an unsharded CPU
         sampler; else 1).
+      window_buckets: the cache prefixes a decode chunk may attend over (default: 128 x 1,
+        1.5, 2, 3, ... up to max_len; a prefill, the powers of two among them); `(max_len,)`
+        attends over the whole cache every step (the reference the windows must equal).
 
     Parameters: pass `prepare(params)` (once per parameter update); stacked parameters
     also work, converted inside every call (a copy of the weights each time).
@@ -188,7 +191,8 @@ class Sampler:
                  cache_dtype: str = "bfloat16", mesh=None, rules: ShardingRules = DEFAULT_RULES,
                  prefill_buckets: Sequence[int] | None = None,
                  decode_buckets: Sequence[int] | None = None,
-                 layout: str = "auto", column_blocks: int | None = None):
+                 layout: str = "auto", column_blocks: int | None = None,
+                 window_buckets: Sequence[int] | None = None):
         if config.is_embedding:
             raise ValueError("an embedding model cannot generate")
         self.config, self.batch_size, self.max_len = config, batch_size, max_len
@@ -199,8 +203,11 @@ class Sampler:
         # Windows (a windowed backend's): a decode step reads its whole window (at window 256,
         # about a fifth of a ~100M-model decode step on CPU), hence half-octave steps; a prefill
         # reads it once, not once a step: powers of two, half the programs to compile.
-        self.window_buckets = buckets.ladder(_MIN_WINDOW, max_len, per_octave=2)
-        self.prefill_window_buckets = buckets.ladder(_MIN_WINDOW, max_len)
+        self.window_buckets = tuple(window_buckets or buckets.ladder(_MIN_WINDOW, max_len, per_octave=2))
+        if self.window_buckets[-1] != max_len or list(self.window_buckets) != sorted(set(self.window_buckets)):
+            raise ValueError(f"window_buckets {self.window_buckets}: increasing, the last one max_len={max_len}")
+        powers = set(buckets.ladder(_MIN_WINDOW, max_len))
+        self.prefill_window_buckets = tuple(w for w in self.window_buckets if w in powers)
         self.mesh, self.rules = mesh, rules
         self.backend = backends.for_sampler(layout, mesh=mesh, column_blocks=column_blocks)
         self.layout = self.backend.layout
@@ -236,6 +243,20 @@ class Sampler:
         if not self.backend.windowed:
             return self.max_len
         return _bucket(min(needed, self.max_len), buckets, "a window")
+
+    def decode_window(self, tokens: int) -> int:
+        """The cache prefix a decode chunk attends over while its longest row holds up to
+        `tokens` (its new token included)."""
+        return self._window(tokens, self.window_buckets)
+
+    def lower_decode(self, params, state: SamplerState, *, window: int, steps: int = 1):
+        """The program of one `generate` chunk (up to `steps` decode steps over the first
+        `window` cache slots), lowered for `params` and `state`, which may be abstract
+        (`jax.ShapeDtypeStruct`s, e.g. `jax.eval_shape(sampler.init_state)`): for cost and
+        memory analyses; nothing is compiled or run."""
+        rows = lambda dtype: jax.ShapeDtypeStruct((self.batch_size,), dtype)  # noqa: E731
+        return _decode.lower(params, state, rows(jnp.uint32), rows(jnp.bool_), rows(jnp.int32),
+                             programs=self.programs, steps=steps, window=window)
 
     def prepare(self, params):
         """The parameters in the layout this sampler decodes with: what to pass to `extend`
@@ -298,7 +319,7 @@ class Sampler:
         stopped = dict.fromkeys(slots, False)
         going = [slot for slot in slots if remaining[slot] > 0]
         while going:
-            window = self._window(max(int(lengths[slot]) for slot in going) + 1, self.window_buckets)
+            window = self.decode_window(max(int(lengths[slot]) for slot in going) + 1)
             active = np.zeros(self.batch_size, bool)
             max_new = np.zeros(self.batch_size, np.int32)
             for slot in going:

@@ -13,11 +13,14 @@ from typing import Callable
 class Report:
     json: bool = False
 
-    def figure(self, name: str, value: float, unit: str, ratio: float | None = None, note: str = "") -> None:
+    def figure(self, name: str, value: float, unit: str, ratio: float | None = None, note: str = "",
+               fields: dict | None = None) -> None:
+        """One figure; `fields` (JSON only): more named values of it."""
         if self.json:
             obj = {"name": name, "value": round(value, 4), "unit": unit}
             if ratio is not None:
                 obj["ratio"] = round(ratio, 4)
+            obj.update(fields or {})
             print(json.dumps(obj), flush=True)
         else:
             extra = f"   ratio {ratio:.2f}x" if ratio is not None else ""

@@ -148,7 +148,8 @@ def test_decoding_through_growing_windows_equals_the_full_forward(model, monkeyp
     decode = engine._decode
     monkeypatch.setattr(engine, "_decode", lambda *a, **kw: windows.append(kw["window"]) or decode(*a, **kw))
     samplers = [Sampler(config, batch_size=2, max_len=700, sampling=SamplingConfig(temperature=1.0), stop_ids=(),
-                        cache_dtype="float32", layout=layout) for layout in ("per_layer", "stacked")]
+                        cache_dtype="float32", layout=layout, window_buckets=whole)
+                for layout, whole in (("per_layer", None), ("stacked", (700,)))]
     assert samplers[0].window_buckets == (128, 192, 256, 384, 512, 700)
     outs = []
     for sampler in samplers:
@@ -242,10 +243,10 @@ def test_compilations_are_bounded_in_a_multi_turn_run(model, layout):
     params = sampler.prepare(params)
     with traced_programs() as first:
         _multi_turn_run(sampler, params)
-    # At most one program per (length bucket, window) pair. per_layer: decode windows 128, 192,
-    # 256 and prefill windows 128, 256 (the powers of two); stacked attends over the whole cache.
+    # At most one program per (length bucket, window) pair. Both layouts: decode windows 128,
+    # 192, 256 and prefill windows 128, 256 (the powers of two).
     assert sampler.window_buckets == (128, 192, 256)
-    decode_windows, prefill_windows = (3, 2) if layout == "per_layer" else (1, 1)
+    decode_windows, prefill_windows = 3, 2
     assert 1 <= first["_prefill"] <= 3 * prefill_windows and 1 <= first["_decode"] <= decode_windows, first
     # A sampler with the same settings (a new training run in the same process) compiles nothing.
     with traced_programs() as again:
