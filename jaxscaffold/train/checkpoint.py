@@ -76,15 +76,17 @@ class Checkpointer:
     """Saves and restores (train_state, extra_json) pairs under `directory/<step>` (the newest
     `keep`; None: all)."""
 
-    def __init__(self, directory: str, *, keep: int | None = 3, async_save: bool = True):
+    def __init__(self, directory: str, *, keep: int | None = 3, async_save: bool = True,
+                 chunk_bytes: int = CHUNK_BYTES):
         self.directory = os.path.abspath(directory)
+        self.chunk_bytes = chunk_bytes
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                create=True)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
 
     def save(self, step: int, state: Any, extra: dict) -> None:
         """Starts saving (returns before the write finishes when async)."""
-        self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state, save_args=_save_args(state)),
+        self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state, save_args=_save_args(state, self.chunk_bytes)),
                                                          extra=ocp.args.JsonSave(extra)))
 
     def latest_step(self) -> int | None:
@@ -172,10 +174,11 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001  any failure to read makes the step unusable
             raise self.read_error(step, e) from None
 
-    def arrays(self, step: int) -> "SavedArrays":
+    def arrays(self, step: int, cache_bytes: int = 2 * CHUNK_BYTES) -> "SavedArrays":
         """Blocks of a step's saved arrays, read on demand (see SavedArrays)."""
         self._check_step(step)
-        return SavedArrays(os.path.join(self.directory, str(step), "state"), lambda e: self.read_error(step, e))
+        return SavedArrays(os.path.join(self.directory, str(step), "state"), lambda e: self.read_error(step, e),
+                           cache_bytes=cache_bytes)
 
     def read_error(self, step: int, e: Exception) -> CheckpointCorrupt:
         """The one-line error of a step that does not read back, naming the other steps."""
@@ -194,6 +197,13 @@ class Checkpointer:
         if step is None:
             raise CheckpointNotFound(f"no checkpoint in {self.directory}")
         return self._manager.restore(step, args=ocp.args.Composite(extra=ocp.args.JsonRestore()))["extra"]
+
+    def delete_after(self, step: int) -> list[int]:
+        """Deletes the steps after `step` (a resumed run redoes and saves them again)."""
+        later = sorted(s for s in self._manager.all_steps() if s > step)
+        for s in later:
+            self._manager.delete(s)
+        return later
 
     def wait(self) -> None:
         """Blocks until pending async saves are on disk."""
@@ -234,28 +244,30 @@ def _abstract(x):
     return x
 
 
-def _save_args(state: Any) -> Any:
-    """Orbax's options per array: chunks of at most CHUNK_BYTES, and under a "layers" key (the
+def _save_args(state: Any, chunk_bytes: int) -> Any:
+    """Orbax's options per array: chunks of at most `chunk_bytes`, and under a "layers" key (the
     model's parameters stacked over layers, and their moments) one layer per chunk."""
     def args(path, x):
         if not hasattr(x, "shape"):
             return None
         stacked = len(x.shape) >= 2 and any(getattr(k, "key", getattr(k, "name", None)) == "layers" for k in path)
-        return ocp.SaveArgs(chunk_byte_size=CHUNK_BYTES, shard_axes=(0,) if stacked else ())
+        return ocp.SaveArgs(chunk_byte_size=chunk_bytes, shard_axes=(0,) if stacked else ())
     return jax.tree_util.tree_map_with_path(args, state)
 
 
 class SavedArrays:
     """Blocks of one saved step's arrays read straight from TensorStore: `read(path, index)` is
     `saved[path][index]` as a NumPy array (path: the keys, e.g. ("params", "layers", "q");
-    index: ints and slices), reading only the storage chunks the block touches. A read that
-    fails raises `on_error(e)`."""
+    index: ints and slices), reading only the storage chunks the block touches. Up to
+    `cache_bytes` of decoded chunks are kept, so consecutive blocks of one chunk decode it
+    once. A read that fails raises `on_error(e)`."""
 
-    def __init__(self, directory: str, on_error):
+    def __init__(self, directory: str, on_error, *, cache_bytes: int = 2 * CHUNK_BYTES):
         self.directory, self._on_error = directory, on_error
         self._open: dict[tuple, Any] = {}
         import tensorstore as ts
-        self._ts, self._context = ts, ts.Context()
+        self._ts = ts
+        self._context = ts.Context({"cache_pool": {"total_bytes_limit": int(cache_bytes)}})
 
     def _array(self, path: tuple[str, ...]):
         if path not in self._open:
@@ -266,8 +278,8 @@ class SavedArrays:
             error = None
             for driver in ("zarr", "zarr3"):  # Orbax's default format, then its zarr3 option
                 try:
-                    self._open[path] = self._ts.open({"driver": driver, "kvstore": kvstore}, open=True, read=True,
-                                                     context=self._context).result()
+                    spec = {"driver": driver, "kvstore": kvstore, "recheck_cached_data": False}
+                    self._open[path] = self._ts.open(spec, open=True, read=True, context=self._context).result()
                     break
                 except Exception as e:  # noqa: BLE001  the other format, or a missing array
                     error = error or e

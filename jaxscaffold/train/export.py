@@ -20,7 +20,8 @@ from jaxscaffold import config as config_lib
 from jaxscaffold.models import hf_io, peft_io, qwen3
 from jaxscaffold.models import lora as lora_lib
 from jaxscaffold.models.tokenizer import cached_hf_tokenizer_dir
-from jaxscaffold.train.checkpoint import CheckpointCorrupt, Checkpointer, CheckpointNotFound, find_params
+from jaxscaffold.train.checkpoint import (CHUNK_BYTES, CheckpointCorrupt, Checkpointer, CheckpointNotFound,
+                                          find_params)
 from jaxscaffold.train.job import base_dtype, build_model, lora_config, model_config
 
 
@@ -65,12 +66,15 @@ def export_checkpoint(checkpoint: str, out: str, *, step: int | None = None, dty
         lora = lora_config(None if cfg.get("lora") is None else config_lib.Lora(**cfg.lora))
         if peft_out and lora is None:
             raise ValueError(f"{directory}: a PEFT adapter export needs a LoRA run (config.lora.rank > 0)")
-        arrays = ckpt.arrays(step)
+        # Pieces and the decoded-chunk cache are small against a shard: the host's peak is one
+        # shard file's fraction (measured: tests/train/test_export.py).
+        piece = max(2**20, min(32 * 2**20, max_shard_bytes // 16))
+        arrays = ckpt.arrays(step, cache_bytes=max(2**20, min(2 * CHUNK_BYTES, max_shard_bytes // 8)))
         typed = config_lib.typed(cfg)
         read = _trained(arrays) if lora is None else _merged(typed, config, lora, arrays)
         tokenizer_dir = cfg.model.tokenizer or cfg.model.hf_path or str(cached_hf_tokenizer_dir())
         hf_io.save_pretrained_from(out, config, read, tokenizer_dir=tokenizer_dir, dtype=dtype,
-                                   max_shard_bytes=max_shard_bytes)
+                                   max_shard_bytes=max_shard_bytes, piece_bytes=piece)
         if peft_out:
             adapters = {t: {k: arrays.read(("params", t, k)) for k in ("a", "b")} for t in lora.targets}
             peft_io.save_peft_adapter(peft_out, config, lora, adapters,

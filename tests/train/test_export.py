@@ -1,0 +1,109 @@
+"""Export and checkpoints at scale: the export reads the parameters alone and streams them
+(peak host memory against one shard file), params-only checkpoints, the end-of-run export."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from jaxscaffold import config as config_lib
+from jaxscaffold.models import hf_io
+from jaxscaffold.train.checkpoint import Checkpointer, find_params
+from jaxscaffold.train.export import export_checkpoint
+from jaxscaffold.train.trainer import train
+from jaxscaffold.train.workloads.env_rl import EnvWorkload
+from tests.train.configs import tiny_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _dir_bytes(path) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def test_streaming_export_peak_memory_is_under_a_shard_file(tmp_path):
+    """An 8-layer Qwen3 of 84M random parameters (335 MB in f32: its embedding and head alone
+    155 MB each) saved with Adam moments as the trainer saves, exported into 64 MB shards in a
+    fresh process: its peak RSS above the baseline is <= 1.2 x one shard (a restore of the
+    parameters, or even of one whole embedding, would exceed it), and the files hold the
+    saved parameters exactly."""
+    worker = [sys.executable, "-m", "tests.train.export_memory_worker"]
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    made = subprocess.run(worker + ["make", str(tmp_path / "run"), "--chunk_mb", "4"], capture_output=True,
+                          text=True, cwd=ROOT, env=env, timeout=600)
+    assert made.returncode == 0, made.stderr[-3000:]
+    param_bytes = json.loads(made.stdout.splitlines()[0])["param_bytes"]
+    out = subprocess.run(worker + ["export", str(tmp_path / "run"), str(tmp_path / "hf"), "--shard_mb", "64"],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    m = json.loads(out.stdout.strip().splitlines()[-1])
+    shard = 64 * 2**20
+    assert m["files"] >= 3 and param_bytes > 4 * shard
+    assert m["peak_above_baseline_bytes"] <= 1.2 * shard, m
+    # The files against the checkpoint's parameters, restored the ordinary way (all at once).
+    ckpt = Checkpointer(str(tmp_path / "run" / "checkpoints"), async_save=False)
+    cfg = config_lib.typed(ckpt.restore_extra(1)["config"])
+    from jaxscaffold.models import qwen3
+    from jaxscaffold.train.job import model_config
+    target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=jax.sharding.SingleDeviceSharding(
+        jax.devices()[0])), qwen3.param_shapes(model_config(cfg)))
+    want = ckpt.read_params(target, 1)
+    ckpt.close()
+    _, got = hf_io.load_pretrained(str(tmp_path / "hf"))
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(path))
+
+
+def test_params_only_checkpoints_export_at_end_and_a_refused_resume(tmp_path):
+    """checkpoint.params_only_every=1: out_dir/params holds every step's parameters without the
+    optimizer state (about 1/3 of a full checkpoint); the export of a step only it holds is
+    the parameters the loop trained with; export.at_end wrote out_dir/hf (verified by
+    transformers); a resume with params-only checkpoints alone is one line, refused."""
+    seen = {}
+
+    class Recording(EnvWorkload):
+        def collect(self, job, params, step):
+            seen.setdefault(step, [np.asarray(x) for x in jax.tree.leaves(params)])
+            return super().collect(job, params, step)
+
+    cfg = lambda steps: tiny_config(tmp_path, steps=steps, **{
+        "eval.every": 0, "checkpoint.every": 3, "checkpoint.params_only_every": 1,
+        "export.at_end": True, "export.verify": True})
+    out = train(cfg(3), workload=Recording)
+    assert sorted(os.listdir(tmp_path / "params")) == ["1", "2", "3"]
+    assert sorted(p for p in os.listdir(tmp_path / "checkpoints") if p.isdigit()) == ["3"]
+    ratio = _dir_bytes(tmp_path / "params" / "3") / _dir_bytes(tmp_path / "checkpoints" / "3")
+    assert 0.25 < ratio < 0.4, ratio
+    assert out["export"]["step"] == 3 and out["export"]["max_abs_logit_diff"] < 1e-4
+    _, final = hf_io.load_pretrained(str(tmp_path / "hf"))
+    for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(out["state"].params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    assert find_params(str(tmp_path), 2) == (str(tmp_path / "params"), 2)
+    assert find_params(str(tmp_path)) == (str(tmp_path / "checkpoints"), 3)  # a tie: the full one
+    report = export_checkpoint(str(tmp_path), str(tmp_path / "hf2"), step=2, verify=False)
+    assert report == {"step": 2, "out": str(tmp_path / "hf2"), "max_abs_logit_diff": None}
+    _, step2 = hf_io.load_pretrained(str(tmp_path / "hf2"))
+    for a, b in zip(jax.tree.leaves(step2), seen[3]):  # step 3 collected with step 2's parameters
+        np.testing.assert_array_equal(np.asarray(a), b)
+
+    import shutil
+    shutil.rmtree(tmp_path / "checkpoints")
+    with pytest.raises(config_lib.ConfigError, match=r"params-only checkpoints \(steps \[1, 2, 3\]\) and no full") as e:
+        train(cfg(4))
+    assert "\n" not in str(e.value)
+
+
+def test_export_and_params_only_fields_are_validated(tmp_path):
+    for field, bad in (("checkpoint.params_only_every", -1), ("checkpoint.params_only_keep", -2),
+                       ("export.dtype", "int8")):
+        with pytest.raises(config_lib.ConfigError, match=field.replace(".", r"\.")):
+            config_lib.typed(tiny_config(tmp_path, **{field: bad}))
+    old = config_lib.typed(tiny_config(tmp_path)).to_dict()  # a config written before the fields
+    del old["export"], old["checkpoint"]["params_only_every"], old["checkpoint"]["params_only_keep"]
+    cfg = config_lib.from_dict(old)
+    assert cfg.export.at_end is False and cfg.checkpoint.params_only_every == 0
