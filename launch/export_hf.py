@@ -30,6 +30,9 @@ def main() -> None:
                    help="skip the transformers reload and logit comparison (it holds the model twice in memory)")
     p.add_argument("--max_shard_gb", type=float, default=5.0, help="safetensors shard size at most (GB, as transformers)")
     args = p.parse_args()
+    if not args.max_shard_gb > 0:
+        print(f"error: --max_shard_gb {args.max_shard_gb} must be > 0", file=sys.stderr)
+        sys.exit(2)
     from jaxscaffold.models.hf_io import CheckpointError
     from jaxscaffold.train.checkpoint import CheckpointCorrupt, CheckpointNotFound
     from jaxscaffold.train.export import export_checkpoint

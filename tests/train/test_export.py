@@ -60,8 +60,9 @@ def test_streaming_export_peak_memory_is_under_a_shard_file(tmp_path):
 
 def test_params_only_checkpoints_export_at_end_and_a_refused_resume(tmp_path):
     """checkpoint.params_only_every=1: out_dir/params holds every step's parameters without the
-    optimizer state (about 1/3 of a full checkpoint); the export of a step only it holds is
-    the parameters the loop trained with; export.at_end wrote out_dir/hf (verified by
+    optimizer state (about 1/3 of a full checkpoint); a resume redoes and saves again the
+    params-only steps after its full one; the export of a step only params/ holds is the
+    parameters the loop trained with; export.at_end wrote out_dir/hf (verified by
     transformers); a resume with params-only checkpoints alone is one line, refused."""
     seen = {}
 
@@ -71,27 +72,32 @@ def test_params_only_checkpoints_export_at_end_and_a_refused_resume(tmp_path):
             return super().collect(job, params, step)
 
     cfg = lambda steps: tiny_config(tmp_path, steps=steps, **{
-        "eval.every": 0, "checkpoint.every": 3, "checkpoint.params_only_every": 1,
+        "eval.every": 0, "checkpoint.every": 2, "checkpoint.params_only_every": 1,
         "export.at_end": True, "export.verify": True})
-    out = train(cfg(3), workload=Recording)
+    first = train(cfg(3), workload=Recording)
     assert sorted(os.listdir(tmp_path / "params")) == ["1", "2", "3"]
-    assert sorted(p for p in os.listdir(tmp_path / "checkpoints") if p.isdigit()) == ["3"]
+    assert sorted(p for p in os.listdir(tmp_path / "checkpoints") if p.isdigit()) == ["2", "3"]
     ratio = _dir_bytes(tmp_path / "params" / "3") / _dir_bytes(tmp_path / "checkpoints" / "3")
     assert 0.25 < ratio < 0.4, ratio
+    # A resume from step 2 (the full step 3 lost) drops params-only step 3 and saves it again.
+    import shutil
+    shutil.rmtree(tmp_path / "checkpoints" / "3")
+    out = train(cfg(3), workload=Recording)
+    assert [h["step"] for h in out["history"]] == [1, 2, 3] and out["history"][1] == first["history"][1]
+    assert sorted(os.listdir(tmp_path / "params")) == ["1", "2", "3"]
     assert out["export"]["step"] == 3 and out["export"]["max_abs_logit_diff"] < 1e-4
     _, final = hf_io.load_pretrained(str(tmp_path / "hf"))
     for a, b in zip(jax.tree.leaves(final), jax.tree.leaves(out["state"].params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
-    assert find_params(str(tmp_path), 2) == (str(tmp_path / "params"), 2)
+    assert find_params(str(tmp_path), 1) == (str(tmp_path / "params"), 1)
     assert find_params(str(tmp_path)) == (str(tmp_path / "checkpoints"), 3)  # a tie: the full one
-    report = export_checkpoint(str(tmp_path), str(tmp_path / "hf2"), step=2, verify=False)
-    assert report == {"step": 2, "out": str(tmp_path / "hf2"), "max_abs_logit_diff": None}
-    _, step2 = hf_io.load_pretrained(str(tmp_path / "hf2"))
-    for a, b in zip(jax.tree.leaves(step2), seen[3]):  # step 3 collected with step 2's parameters
+    report = export_checkpoint(str(tmp_path), str(tmp_path / "hf1"), step=1, verify=False)
+    assert report == {"step": 1, "out": str(tmp_path / "hf1"), "max_abs_logit_diff": None}
+    _, step1 = hf_io.load_pretrained(str(tmp_path / "hf1"))
+    for a, b in zip(jax.tree.leaves(step1), seen[2]):  # step 2 collected with step 1's parameters
         np.testing.assert_array_equal(np.asarray(a), b)
 
-    import shutil
     shutil.rmtree(tmp_path / "checkpoints")
     with pytest.raises(config_lib.ConfigError, match=r"params-only checkpoints \(steps \[1, 2, 3\]\) and no full") as e:
         train(cfg(4))
@@ -107,3 +113,23 @@ def test_export_and_params_only_fields_are_validated(tmp_path):
     del old["export"], old["checkpoint"]["params_only_every"], old["checkpoint"]["params_only_keep"]
     cfg = config_lib.from_dict(old)
     assert cfg.export.at_end is False and cfg.checkpoint.params_only_every == 0
+
+
+def test_lora_run_exports_the_merged_weights_at_the_end(tmp_path):
+    """export.at_end on a LoRA run over a preset's random base: the HF directory holds
+    lora.merge(base, adapters) of the final adapters (the streamed merge against the in-memory
+    one), and transformers reloads it with our logits."""
+    from jaxscaffold.models import lora as lora_lib
+    from jaxscaffold.train.job import build_model, lora_config
+    cfg = tiny_config(tmp_path, steps=1, **{"eval.every": 0, "checkpoint.every": 1, "lora.rank": 4,
+                                            "lora.alpha": 8.0, "lora.targets": "q,down", "rl.lr": 1e-2,
+                                            "export.at_end": True, "export.verify": True})
+    out = train(cfg)
+    assert out["export"]["max_abs_logit_diff"] < 1e-4
+    typed = config_lib.typed(cfg)
+    _, base = build_model(typed, None)
+    want = lora_lib.merge(base, out["state"].params, lora_config(typed.lora))
+    assert float(np.abs(np.asarray(want["layers"]["q"]) - np.asarray(base["layers"]["q"], np.float32)).max()) > 0
+    _, got = hf_io.load_pretrained(str(tmp_path / "hf"))
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b, np.float32), rtol=0, atol=1e-7, err_msg=str(path))
