@@ -3,7 +3,9 @@
 Loading streams each parameter straight onto its target sharding: for one device shard at
 a time we read only the rows of the HF tensors that shard needs, so the host never holds more than about one tensor beyond what the
 devices already own, and on a multi-host pod each process reads only its own shards.
-Saving fetches one layer's tensor at a time and writes it straight into the file.
+Saving fetches one layer's tensor at a time and writes it straight into the file;
+`save_pretrained_from` writes parameters that are read block by block (from a checkpoint
+on disk, or `param_reader`'s HF files), in row pieces, never holding a whole tensor.
 """
 
 from __future__ import annotations
@@ -399,7 +401,7 @@ def save_pretrained_from(path: str, config: Qwen3Config, read_block, tokenizer_d
     _write_dir(path, config, produce, tokenizer_dir, dtype=dtype, max_shard_bytes=max_shard_bytes, writer=True)
 
 
-def shard_names(count: int) -> list[str]:
+def _shard_names(count: int) -> list[str]:
     """The safetensors file names of an HF directory of `count` shards."""
     return ["model.safetensors"] if count == 1 else \
         [f"model-{k + 1:05d}-of-{count:05d}.safetensors" for k in range(count)]
@@ -423,7 +425,7 @@ def _write_dir(path: str, config: Qwen3Config, produce, tokenizer_dir: str | Non
 
     if writer:
         os.makedirs(path, exist_ok=True)
-    names = shard_names(len(shards))
+    names = _shard_names(len(shards))
     for name, shard in zip(names, shards):
         if writer:
             st.write_file(os.path.join(path, name), shard)
