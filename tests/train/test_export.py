@@ -135,3 +135,30 @@ def test_lora_run_exports_the_merged_weights_at_the_end(tmp_path):
     _, got = hf_io.load_pretrained(str(tmp_path / "hf"))
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b, np.float32), rtol=0, atol=1e-7, err_msg=str(path))
+
+
+@pytest.mark.slow
+def test_eval_reads_a_params_only_checkpoint(tmp_path):
+    """launch/eval.py --checkpoint on a run whose only checkpoint is params-only: the greedy
+    episodes equal those of the full checkpoint of the same step, and a newer params-only step
+    of other parameters (the final norm zeroed) changes them."""
+    params = train(tiny_config(tmp_path / "run", steps=1, **{"eval.every": 0, "checkpoint.every": 1,
+                                                            "checkpoint.params_only_every": 1}))["state"].params
+
+    def episodes(name):
+        out = tmp_path / f"{name}.jsonl"
+        run = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "eval.py"), "--config", "tiny.py",
+                              "--config.envs.eval=letters:test:2", "--config.eval.tasks=2",
+                              "--config.rollout.max_new_tokens=4", "--policy", "model", "--checkpoint",
+                              str(tmp_path / "run"), "--workers", "0", "--out", str(out)],
+                             capture_output=True, text=True, timeout=900)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return [json.loads(line)["conversation"] for line in open(out)]
+
+    full = episodes("full")
+    os.rename(tmp_path / "run" / "checkpoints", tmp_path / "run" / "moved")
+    assert episodes("params_only") == full and len(full) == 2
+    ckpt = Checkpointer(str(tmp_path / "run" / "params"), async_save=False)
+    ckpt.save(2, {"params": dict(params, final_norm=params["final_norm"] * 0)}, ckpt.restore_extra(1))
+    ckpt.close()
+    assert episodes("zeroed") != full
