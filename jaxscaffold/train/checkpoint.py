@@ -174,7 +174,7 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001  any failure to read makes the step unusable
             raise self.read_error(step, e) from None
 
-    def arrays(self, step: int, cache_bytes: int = 2 * CHUNK_BYTES) -> "SavedArrays":
+    def arrays(self, step: int, cache_bytes: int = 2 * CHUNK_BYTES) -> SavedArrays:
         """Blocks of a step's saved arrays, read on demand (see SavedArrays)."""
         self._check_step(step)
         return SavedArrays(os.path.join(self.directory, str(step), "state"), lambda e: self.read_error(step, e),

@@ -20,8 +20,13 @@ from jaxscaffold import config as config_lib
 from jaxscaffold.models import hf_io, peft_io, qwen3
 from jaxscaffold.models import lora as lora_lib
 from jaxscaffold.models.tokenizer import cached_hf_tokenizer_dir
-from jaxscaffold.train.checkpoint import (CHUNK_BYTES, CheckpointCorrupt, Checkpointer, CheckpointNotFound,
-                                          find_params)
+from jaxscaffold.train.checkpoint import (
+    CHUNK_BYTES,
+    CheckpointCorrupt,
+    Checkpointer,
+    CheckpointNotFound,
+    find_params,
+)
 from jaxscaffold.train.job import base_dtype, build_model, lora_config, model_config
 
 

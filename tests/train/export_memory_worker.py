@@ -31,9 +31,8 @@ def make(args) -> None:
     import numpy as np
 
     from jaxscaffold import config as config_lib
-    from jaxscaffold.models import hf_io
+    from jaxscaffold.models import hf_io, qwen3
     from jaxscaffold.models import lora as lora_lib
-    from jaxscaffold.models import qwen3
     from jaxscaffold.models.config import Qwen3Config
     from jaxscaffold.rl.train_step import init_train_state
     from jaxscaffold.train.checkpoint import Checkpointer
