@@ -87,6 +87,14 @@ def get_config() -> ConfigDict:
     c.checkpoint.every = 10  # save every N steps (and at the end)
     c.checkpoint.keep = 3  # checkpoints kept
     c.checkpoint.allow_change = ""  # comma-separated fields a resume may change (e.g. "rl.lr"); other changes are refused
+    # Params-only checkpoints and the end-of-run HF export (export and eval read either kind of checkpoint).
+    c.checkpoint.params_only_every = 0  # also save the parameters alone (no optimizer state: 1/3 the size) every N steps to out_dir/params (0: never); a resume cannot start from one
+    c.checkpoint.params_only_keep = 0  # params-only checkpoints kept (0: all)
+    c.export = ConfigDict()
+    c.export.at_end = False  # after the last step, write the final parameters (LoRA: merged) as an HF directory, as launch/export_hf.py does
+    c.export.dir = ""  # that directory (empty: out_dir/hf)
+    c.export.dtype = ""  # its tensors' dtype: float32 | bfloat16 | float16 (empty: model.param_dtype)
+    c.export.verify = False  # also reload it with transformers and compare logits (holds the model twice in host memory: off at scale)
 
     c.lora = ConfigDict()
     c.lora.rank = 0  # LoRA adapter rank (0: off, full fine-tuning); on: only the adapters train and are checkpointed

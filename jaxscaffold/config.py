@@ -131,10 +131,22 @@ class Checkpoint:
     every: int
     keep: int
     allow_change: str = ""  # (default: configs written before the field load) fields a resume may change
+    params_only_every: int = 0  # (defaults: configs written before the fields load) params-only saves
+    params_only_keep: int = 0
 
     def allowed_changes(self) -> list[str]:
         """The dotted fields `allow_change` lists."""
         return [a.strip() for a in self.allow_change.split(",") if a.strip()]
+
+
+@dataclasses.dataclass(frozen=True)
+class Export:
+    """The HF export at the end of a run (`train.export.export_checkpoint`)."""
+
+    at_end: bool = False
+    dir: str = ""
+    dtype: Literal["", "float32", "bfloat16", "float16"] = ""
+    verify: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,6 +228,7 @@ class RunConfig:
     checkpoint: Checkpoint
     logging: Logging = Logging()  # (a default: configs written before the section load)
     memory: Memory = Memory()  # the start-up memory check (a default, as `logging`)
+    export: Export = Export()  # (a default: configs written before the section load)
     rwml: RWML | None = None  # the world-model section (configs/rwml.py); only `job = "rwml"` reads it
     lora: Lora | None = None  # LoRA adapters (configs/base.py); None (configs written before it): off
 
@@ -433,6 +446,8 @@ def validate(cfg: RunConfig) -> None:
     _range("eval.max_len", cfg.eval.max_len, 0)
     _range("checkpoint.every", cfg.checkpoint.every, 1)
     _range("checkpoint.keep", cfg.checkpoint.keep, 1)
+    _range("checkpoint.params_only_every", cfg.checkpoint.params_only_every, 0)
+    _range("checkpoint.params_only_keep", cfg.checkpoint.params_only_keep, 0)
     _check_run_ux(cfg)
     if cfg.job == "rwml":
         _check_rwml(cfg)

@@ -92,10 +92,11 @@ def checkpoint_config(args, overrides: list[str]):
     from ml_collections import ConfigDict
 
     from jaxscaffold import config as config_lib
-    from jaxscaffold.train.checkpoint import Checkpointer
-    ckpt = Checkpointer(os.path.join(args.checkpoint, "checkpoints"), async_save=False)
-    saved = ConfigDict(ckpt.restore_extra()["config"])
-    return ckpt, config_lib.from_configdict(config_lib.parse_overrides(saved, overrides))
+    from jaxscaffold.train.checkpoint import Checkpointer, find_params
+    directory, step = find_params(args.checkpoint)  # the newest full or params-only checkpoint
+    ckpt = Checkpointer(directory, async_save=False)
+    saved = ConfigDict(ckpt.restore_extra(step)["config"])
+    return (ckpt, step), config_lib.from_configdict(config_lib.parse_overrides(saved, overrides))
 
 
 def run_model(args, tasks, base=None, overrides: list[str] = ()) -> list[dict]:
@@ -116,12 +117,14 @@ def run_model(args, tasks, base=None, overrides: list[str] = ()) -> list[dict]:
                                      "envs.train": spec, "envs.train_split": split,
                                      "envs.num_workers": args.workers})
     job, state = build_job(cfg)
-    if ckpt is not None:
-        state, _ = ckpt.restore(state)
-        ckpt.close()
+    params = state.params
+    if ckpt is not None:  # the parameters alone (the optimizer state is never read)
+        reader, step = ckpt
+        params = reader.read_params(params, step)
+        reader.close()
     work = EnvWorkload(job)
     try:
-        episodes = work.evaluate_episodes(job, state.params, step=0, tasks=tasks)
+        episodes = work.evaluate_episodes(job, params, step=0, tasks=tasks)
     finally:
         work.close()
     return [record(e, job.tokenizer) for e in episodes]
@@ -150,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--split", help="its split")
     p.add_argument("--list-tasks", action="store_true", help="print the evaluation set and exit")
     p.add_argument("--policy", choices=("gold", "model"), default="gold")
-    p.add_argument("--checkpoint", default="", help="a training run's out_dir (policy model)")
+    p.add_argument("--checkpoint", default="", help="a training run's out_dir (policy model: its newest full or params-only checkpoint)")
     p.add_argument("--hf", default="", help="an HF model directory (policy model)")
     p.add_argument("--limit", type=int, default=None, help="first N tasks of the split")
     p.add_argument("--workers", type=int, default=2, help="environment worker processes")

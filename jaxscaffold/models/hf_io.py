@@ -3,7 +3,9 @@
 Loading streams each parameter straight onto its target sharding: for one device shard at
 a time we read only the rows of the HF tensors that shard needs, so the host never holds more than about one tensor beyond what the
 devices already own, and on a multi-host pod each process reads only its own shards.
-Saving fetches one layer's tensor at a time and writes it straight into the file.
+Saving fetches one layer's tensor at a time and writes it straight into the file;
+`save_pretrained_from` writes parameters that are read block by block (from a checkpoint
+on disk, or `param_reader`'s HF files), in row pieces, never holding a whole tensor.
 """
 
 from __future__ import annotations
@@ -300,6 +302,25 @@ def load_pretrained(path: str, *, dtype: str = "float32", mesh=None,
     return config, params
 
 
+def param_reader(directory: str, config: Qwen3Config):
+    """`read_block(path, index)`: our-layout block `params[path][index]` of an HF checkpoint
+    (index: a layer number for stacked parameters, then slices), reading only the rows it
+    needs; in the file's dtype. The reader `save_pretrained_from` takes."""
+    infos = tensor_index(directory)
+    by_path = {p.path: p for p in _param_map(config)}
+    shapes = param_shapes(config)
+
+    def read_block(path: tuple[str, ...], index: tuple) -> np.ndarray:
+        p = by_path[path]
+        name, rest = (p.hf_name.format(i=index[0]), index[1:]) if p.stacked else (p.hf_name, index)
+        if name not in infos:
+            raise CheckpointError(f"{directory}: missing tensor {name}")
+        ndim = len(_get(shapes, path).shape) - (1 if p.stacked else 0)
+        return _read_block(infos[name], p.transpose, tuple(rest) + (slice(None),) * (ndim - len(rest)))
+
+    return read_block
+
+
 def _place(shape, sharding, read_block):
     """A global array built shard by shard: each device's block is read, copied to its
     device and dropped before the next is read (so at most one block is on the host;
@@ -319,6 +340,29 @@ def _host(x) -> np.ndarray:
     return np.asarray(jax.device_get(x))
 
 
+@dataclass(frozen=True)
+class _Tensor:
+    """One HF tensor of the export: which of our parameters (and layer) it is."""
+
+    name: str
+    path: tuple[str, ...]
+    layer: int | None  # the index into a stacked parameter's layer axis
+    transpose: bool
+    shape: tuple[int, ...]  # the HF shape
+
+
+def _tensors(config: Qwen3Config) -> list[_Tensor]:
+    """Every HF tensor of `config`'s model, in file order."""
+    shapes, out = param_shapes(config), []
+    for p in _param_map(config):
+        ours = _get(shapes, p.path).shape
+        layer_shape = ours[1:] if p.stacked else ours
+        shape = tuple(reversed(layer_shape)) if p.transpose else tuple(layer_shape)
+        for i in range(config.num_layers) if p.stacked else [None]:
+            out.append(_Tensor(p.hf_name.format(i=i), p.path, i, p.transpose, shape))
+    return out
+
+
 def save_pretrained(path: str, config: Qwen3Config, params: dict, tokenizer_dir: str | None = None,
                     *, dtype: str | None = None, max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
     """Writes an HF directory loadable by `transformers.AutoModelForCausalLM.from_pretrained`
@@ -328,19 +372,48 @@ def save_pretrained(path: str, config: Qwen3Config, params: dict, tokenizer_dir:
     `max_shard_bytes` (with an index when there are several). `dtype` defaults to the
     parameters' dtype. On multi-host every process must call it; process 0 writes.
     """
+    def produce(t: _Tensor):
+        arr = _get(params, t.path)
+        x = _host(arr if t.layer is None else arr[t.layer])
+        return x.T if t.transpose else x
+
+    _write_dir(path, config, produce, tokenizer_dir, dtype=dtype, max_shard_bytes=max_shard_bytes,
+               writer=jax.process_index() == 0)
+
+
+def save_pretrained_from(path: str, config: Qwen3Config, read_block, tokenizer_dir: str | None = None, *,
+                         dtype: str | None = None, max_shard_bytes: int = MAX_SHARD_BYTES,
+                         piece_bytes: int = 32 * 2**20) -> None:
+    """`save_pretrained` of parameters that are read, not held: `read_block(path, index)`
+    returns our-layout block `params[path][index]` (index: a layer number for stacked
+    parameters, then slices) as a host array. Each HF tensor is written in row pieces of about
+    `piece_bytes`, so the host holds one piece at a time (a reader over a checkpoint on disk
+    streams it into the files). One process writes; no collectives."""
+    def produce(t: _Tensor):
+        row_bytes = max(1, int(np.prod(t.shape[1:], dtype=np.int64))) * 4  # as f32: the widest read
+        step = max(1, piece_bytes // row_bytes)
+        for r in range(0, t.shape[0], step):
+            rows = slice(r, min(r + step, t.shape[0]))
+            index = (slice(None), rows) if t.transpose else (rows,)  # ours[:, r] is HF row r when transposed
+            block = read_block(t.path, index if t.layer is None else (t.layer, *index))
+            yield block.T if t.transpose else block
+
+    _write_dir(path, config, produce, tokenizer_dir, dtype=dtype, max_shard_bytes=max_shard_bytes, writer=True)
+
+
+def _shard_names(count: int) -> list[str]:
+    """The safetensors file names of an HF directory of `count` shards."""
+    return ["model.safetensors"] if count == 1 else \
+        [f"model-{k + 1:05d}-of-{count:05d}.safetensors" for k in range(count)]
+
+
+def _write_dir(path: str, config: Qwen3Config, produce, tokenizer_dir: str | None, *, dtype: str | None,
+               max_shard_bytes: int, writer: bool) -> None:
+    """The HF directory with `produce(tensor)` giving each tensor (or its row pieces) in turn;
+    a non-writer process only produces (taking part in the gathers)."""
     dtype = dtype or config.param_dtype
     np_dtype = np.dtype(jnp.dtype(dtype))
-    specs = []
-    for p in _param_map(config):
-        arr = _get(params, p.path)
-        layer_shape = arr.shape[1:] if p.stacked else arr.shape
-        shape = tuple(reversed(layer_shape)) if p.transpose else tuple(layer_shape)
-        for i in range(config.num_layers if p.stacked else 1):
-            def produce(arr=arr, i=i, p=p):
-                x = _host(arr[i] if p.stacked else arr)
-                return x.T if p.transpose else x
-            specs.append(st.TensorSpec(p.hf_name.format(i=i), shape, np_dtype, produce))
-
+    specs = [st.TensorSpec(t.name, t.shape, np_dtype, lambda t=t: produce(t)) for t in _tensors(config)]
     shards, current, size = [], [], 0
     for s in specs:
         if current and size + s.nbytes > max_shard_bytes:
@@ -350,13 +423,9 @@ def save_pretrained(path: str, config: Qwen3Config, params: dict, tokenizer_dir:
         size += s.nbytes
     shards.append(current)
 
-    writer = jax.process_index() == 0
     if writer:
         os.makedirs(path, exist_ok=True)
-    if len(shards) == 1:
-        names = ["model.safetensors"]
-    else:
-        names = [f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors" for k in range(len(shards))]
+    names = _shard_names(len(shards))
     for name, shard in zip(names, shards):
         if writer:
             st.write_file(os.path.join(path, name), shard)

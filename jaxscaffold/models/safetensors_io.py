@@ -124,7 +124,8 @@ def read_block(info: TensorInfo, rows: slice, cols: slice | None = None,
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One tensor to write: `produce()` returns its host array when its turn comes."""
+    """One tensor to write: `produce()` returns, when its turn comes, its host array or an
+    iterator of its row blocks in order (then only one block is on the host at a time)."""
 
     name: str
     shape: tuple[int, ...]
@@ -152,8 +153,21 @@ def write_file(path: str, tensors: Iterable[TensorSpec], metadata: dict | None =
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for t in tensors:
-            arr = np.ascontiguousarray(np.asarray(t.produce()).astype(t.dtype, copy=False))
-            if arr.shape != tuple(t.shape):
-                raise SafetensorsError(f"{t.name}: produced shape {arr.shape}, declared {t.shape}")
-            arr.tofile(f)
+            _write_tensor(f, t)
     os.replace(tmp, path)
+
+
+def _write_tensor(f, t: TensorSpec) -> None:
+    produced = t.produce()
+    if isinstance(produced, np.ndarray) or not hasattr(produced, "__next__"):
+        produced = iter([np.asarray(produced)])
+    shape, rows = tuple(t.shape), 0
+    for block in produced:
+        arr = np.ascontiguousarray(np.asarray(block).astype(t.dtype, copy=False))
+        if arr.ndim != len(shape) or arr.shape[1:] != shape[1:]:
+            raise SafetensorsError(f"{t.name}: produced shape {arr.shape}, declared {t.shape}")
+        rows += arr.shape[0] if shape else 1
+        arr.tofile(f)
+        del arr, block  # the block's memory goes before the next is produced
+    if rows != (shape[0] if shape else 1):
+        raise SafetensorsError(f"{t.name}: produced shape with {rows} rows, declared {t.shape}")

@@ -1,12 +1,18 @@
 """Training checkpoints with Orbax: async, keep-N, atomic; arrays restored onto their shardings.
 
 A checkpoint holds the TrainState (parameters, optimizer state, step counters) as sharded
-arrays, and a JSON document with everything else needed to continue identically: the RNG
+arrays (a params-only checkpoint: `{"params": ...}` alone), and a JSON document with everything else needed to continue identically: the RNG
 seed position, the data iterator's state, the feedback schedule / bandit state, and
 metric history. Orbax writes each step to a temporary directory and renames it when
 complete, so a crash mid-save never leaves a half checkpoint that would be restored. A
 checkpoint damaged afterwards (a truncated or deleted file) is skipped on resume:
 `restore_latest` falls back to the newest one that reads, in one warning line.
+
+Readers (export, evaluation) never need the optimizer state: `read_params` restores the
+parameters alone (Orbax's partial restore), and `arrays` reads any block of a saved array
+straight from TensorStore, so an export streams a model of any size through a few
+megabytes of host memory. Arrays are stored in chunks of at most CHUNK_BYTES, a stacked
+layer parameter one layer per chunk, so reading one layer decodes no more than that layer.
 """
 
 from __future__ import annotations
@@ -20,9 +26,13 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 64 * 2**20  # storage chunk size at most (what a reader of one block decodes at once)
+PARAMS_DIR = "params"  # a run's params-only checkpoints (checkpoint.params_only_every), beside checkpoints/
 
 
 class CheckpointNotFound(FileNotFoundError):
@@ -42,18 +52,41 @@ def saved_steps(directory: str) -> list[int]:
     return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
 
 
-class Checkpointer:
-    """Saves and restores (train_state, extra_json) pairs under `directory/<step>`."""
+def find_params(path: str, step: int | None = None) -> tuple[str, int]:
+    """(directory, step) of a run's saved parameters at `step` (default: the newest), from a
+    run's out_dir (its full checkpoints/ and its params-only params/; a step in both is read
+    from checkpoints/) or one of those directories. CheckpointNotFound names what there is."""
+    name = os.path.basename(os.path.normpath(path))
+    dirs = [path] if name in ("checkpoints", PARAMS_DIR) else [os.path.join(path, "checkpoints"),
+                                                                os.path.join(path, PARAMS_DIR)]
+    if not any(os.path.isdir(d) for d in dirs):
+        raise CheckpointNotFound(f"no checkpoint directory at {path} (expected a run's out_dir, or its "
+                                 f"checkpoints/ or {PARAMS_DIR}/)")
+    found = {s: d for d in reversed(dirs) for s in saved_steps(d)}  # checkpoints/ last: it wins a tie
+    if not found:
+        raise CheckpointNotFound(f"no checkpoint in {' or '.join(d for d in dirs if os.path.isdir(d))}")
+    if step is None:
+        step = max(found)
+    if step not in found:
+        raise CheckpointNotFound(f"no checkpoint for step {step} in {path} (have {sorted(found)})")
+    return os.path.abspath(found[step]), step
 
-    def __init__(self, directory: str, *, keep: int = 3, async_save: bool = True):
+
+class Checkpointer:
+    """Saves and restores (train_state, extra_json) pairs under `directory/<step>` (the newest
+    `keep`; None: all)."""
+
+    def __init__(self, directory: str, *, keep: int | None = 3, async_save: bool = True,
+                 chunk_bytes: int = CHUNK_BYTES):
         self.directory = os.path.abspath(directory)
+        self.chunk_bytes = chunk_bytes
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
                                                create=True)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
 
     def save(self, step: int, state: Any, extra: dict) -> None:
         """Starts saving (returns before the write finishes when async)."""
-        self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+        self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state, save_args=_save_args(state, self.chunk_bytes)),
                                                          extra=ocp.args.JsonSave(extra)))
 
     def latest_step(self) -> int | None:
@@ -123,9 +156,40 @@ class Checkpointer:
         except CheckpointNotFound:
             raise
         except Exception as e:  # noqa: BLE001  any failure to read makes the step unusable
-            others = sorted(set(self._manager.all_steps()) - {step})
-            raise CheckpointCorrupt(f"checkpoint step {step} in {self.directory} does not read back ({_first_line(e)}); "
-                                    f"other steps: {others or 'none'}") from None
+            raise self.read_error(step, e) from None
+
+    def read_params(self, target: Any, step: int) -> Any:
+        """The `params` of a step's saved state alone, onto `target`'s structure, dtypes and
+        shardings (Orbax's partial restore: the optimizer state is never read). Reads a full or
+        a params-only checkpoint; a step that does not read back is one CheckpointCorrupt line
+        as in `read`."""
+        self._check_step(step)
+        abstract = jax.tree.map(_abstract, target)
+        restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, dtype=a.dtype), abstract)
+        args = ocp.args.PyTreeRestore(item={"params": abstract}, restore_args={"params": restore_args},
+                                      partial_restore=True)
+        try:
+            with _quiet_failed_reads():
+                return self._manager.restore(step, args=ocp.args.Composite(state=args))["state"]["params"]
+        except Exception as e:  # noqa: BLE001  any failure to read makes the step unusable
+            raise self.read_error(step, e) from None
+
+    def arrays(self, step: int, cache_bytes: int = 2 * CHUNK_BYTES) -> SavedArrays:
+        """Blocks of a step's saved arrays, read on demand (see SavedArrays)."""
+        self._check_step(step)
+        return SavedArrays(os.path.join(self.directory, str(step), "state"), lambda e: self.read_error(step, e),
+                           cache_bytes=cache_bytes)
+
+    def read_error(self, step: int, e: Exception) -> CheckpointCorrupt:
+        """The one-line error of a step that does not read back, naming the other steps."""
+        others = sorted(set(self._manager.all_steps()) - {step})
+        return CheckpointCorrupt(f"checkpoint step {step} in {self.directory} does not read back ({_first_line(e)}); "
+                                 f"other steps: {others or 'none'}")
+
+    def _check_step(self, step: int) -> None:
+        if step not in self._manager.all_steps():
+            raise CheckpointNotFound(f"no checkpoint for step {step} in {self.directory} "
+                                     f"(have {sorted(self._manager.all_steps())})")
 
     def restore_extra(self, step: int | None = None) -> dict:
         """Only the JSON document of a checkpoint (e.g. its run config)."""
@@ -133,6 +197,13 @@ class Checkpointer:
         if step is None:
             raise CheckpointNotFound(f"no checkpoint in {self.directory}")
         return self._manager.restore(step, args=ocp.args.Composite(extra=ocp.args.JsonRestore()))["extra"]
+
+    def delete_after(self, step: int) -> list[int]:
+        """Deletes the steps after `step` (a resumed run redoes and saves them again)."""
+        later = sorted(s for s in self._manager.all_steps() if s > step)
+        for s in later:
+            self._manager.delete(s)
+        return later
 
     def wait(self) -> None:
         """Blocks until pending async saves are on disk."""
@@ -171,3 +242,58 @@ def _abstract(x):
     if isinstance(x, jax.Array):
         return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
     return x
+
+
+def _save_args(state: Any, chunk_bytes: int) -> Any:
+    """Orbax's options per array: chunks of at most `chunk_bytes`, and under a "layers" key (the
+    model's parameters stacked over layers, and their moments) one layer per chunk."""
+    def args(path, x):
+        if not hasattr(x, "shape"):
+            return None
+        stacked = len(x.shape) >= 2 and any(getattr(k, "key", getattr(k, "name", None)) == "layers" for k in path)
+        return ocp.SaveArgs(chunk_byte_size=chunk_bytes, shard_axes=(0,) if stacked else ())
+    return jax.tree_util.tree_map_with_path(args, state)
+
+
+class SavedArrays:
+    """Blocks of one saved step's arrays read straight from TensorStore: `read(path, index)` is
+    `saved[path][index]` as a NumPy array (path: the keys, e.g. ("params", "layers", "q");
+    index: ints and slices), reading only the storage chunks the block touches. Up to
+    `cache_bytes` of decoded chunks are kept, so consecutive blocks of one chunk decode it
+    once. A read that fails raises `on_error(e)`."""
+
+    def __init__(self, directory: str, on_error, *, cache_bytes: int = 2 * CHUNK_BYTES):
+        self.directory, self._on_error = directory, on_error
+        self._open: dict[tuple, Any] = {}
+        import tensorstore as ts
+        self._ts = ts
+        self._context = ts.Context({"cache_pool": {"total_bytes_limit": int(cache_bytes)}})
+
+    def _array(self, path: tuple[str, ...]):
+        if path not in self._open:
+            ocdbt = os.path.exists(os.path.join(self.directory, "manifest.ocdbt"))
+            name = ".".join(path)  # Orbax's name of a nested key
+            kvstore = {"driver": "ocdbt", "base": f"file://{self.directory}/", "path": name} if ocdbt \
+                else {"driver": "file", "path": os.path.join(self.directory, name)}
+            error = None
+            for driver in ("zarr", "zarr3"):  # Orbax's default format, then its zarr3 option
+                try:
+                    spec = {"driver": driver, "kvstore": kvstore, "recheck_cached_data": False}
+                    self._open[path] = self._ts.open(spec, open=True, read=True, context=self._context).result()
+                    break
+                except Exception as e:  # noqa: BLE001  the other format, or a missing array
+                    error = error or e
+            else:
+                raise self._on_error(error)
+        return self._open[path]
+
+    def shape(self, path: tuple[str, ...]) -> tuple[int, ...]:
+        return tuple(self._array(path).shape)
+
+    def read(self, path: tuple[str, ...], index: tuple = ()) -> np.ndarray:
+        try:
+            return np.asarray(self._array(path)[index].read().result())
+        except CheckpointCorrupt:
+            raise
+        except Exception as e:  # noqa: BLE001  a truncated or missing chunk
+            raise self._on_error(e) from None

@@ -15,7 +15,7 @@ from typing import Any
 
 from jaxscaffold import config as config_lib
 from jaxscaffold.config import ConfigError, RunConfig
-from jaxscaffold.train.checkpoint import saved_steps
+from jaxscaffold.train.checkpoint import PARAMS_DIR, saved_steps
 
 CONFIG_FILE = "config.json"
 
@@ -23,7 +23,7 @@ CONFIG_FILE = "config.json"
 # freely (a longer run, more env workers, another mesh: the checkpoint restores onto any
 # sharding). A name ending in "." is a section.
 FREE = ("out_dir", "steps", "mesh.", "envs.num_workers", "envs.step_timeout_s", "checkpoint.", "logging.", "memory.",
-        "eval.every", "eval.at_start")  # how often the model is evaluated changes no training
+        "eval.every", "eval.at_start", "export.")  # how often the model is evaluated changes no training
 # Fields that decide the parameters' shapes: a checkpoint cannot be restored under others.
 FIXED = ("job", "model.hf_path", "model.preset", "lora.rank", "lora.targets")  # LoRA: the adapters' shapes
 
@@ -64,7 +64,13 @@ def _matches(name: str, patterns: tuple[str, ...]) -> bool:
 def check_resume(cfg: RunConfig) -> dict[str, tuple[Any, Any]]:
     """Refuses (ConfigError, one line) to resume the run in `cfg.out_dir` under a config that
     changes a field the run depends on, unless `checkpoint.allow_change` lists it; never when
-    the field fixes the model's shape. Returns the allowed changes ({} for a fresh run)."""
+    the field fixes the model's shape; and from params-only checkpoints alone (no optimizer
+    state). Returns the allowed changes ({} for a fresh run)."""
+    params_only = saved_steps(os.path.join(cfg.out_dir, PARAMS_DIR))
+    if params_only and not saved_steps(os.path.join(cfg.out_dir, "checkpoints")):
+        raise ConfigError(f"resuming {cfg.out_dir}: it has params-only checkpoints (steps {params_only}) and no full "
+                          "one; they hold no optimizer state, so a run cannot resume from them (export or evaluate "
+                          "them: launch/export_hf.py / eval.py --checkpoint); use a new out_dir")
     old = read_config(cfg.out_dir)
     if old is None or not saved_steps(os.path.join(cfg.out_dir, "checkpoints")):
         return {}  # a fresh run (or one from before config.json was written)

@@ -2,7 +2,9 @@
 
   workload.collect (rollouts, rewards, metrics) -> train_on (advantages, optimizer steps)
   -> every eval.every steps (and at step 0): workload.evaluate -> logs, results.json
-  -> every checkpoint.every steps: a checkpoint
+  -> every checkpoint.every steps: a checkpoint (every checkpoint.params_only_every: the
+     parameters alone, in out_dir/params)
+  -> at the end, with export.at_end: the HF export of the final parameters
 
 `train(cfg)` runs (or resumes) a whole job from a config (see `configs/`).
 """
@@ -20,7 +22,8 @@ import jax
 
 from jaxscaffold import config as config_lib
 from jaxscaffold.train import memory_check, resume, startup
-from jaxscaffold.train.checkpoint import Checkpointer
+from jaxscaffold.train.checkpoint import PARAMS_DIR, Checkpointer
+from jaxscaffold.train.export import export_checkpoint
 from jaxscaffold.train.job import build_job, optimizer_config
 from jaxscaffold.train.logger import MetricLogger
 from jaxscaffold.train.multihost import allgather_json
@@ -64,6 +67,7 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
         work.set_state(extra["workload"])
         history = extra["history"]
         log.info("resumed from step %d", start)
+    params_ckpt = _params_checkpointer(cfg, start)
     if jax.process_index() == 0:
         resume.write_config(cfg)
         model_params = state.params if job.lora is None else job.base_params  # LoRA: the state is the adapters
@@ -105,13 +109,42 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
             if step % cfg.checkpoint.every == 0 or step == steps:
                 ckpt.save(step, state, {"step": step, "workload": work.get_state(), "history": history,
                                         "config": cfg.to_dict()})
+            if params_ckpt is not None and step % cfg.checkpoint.params_only_every == 0:
+                params_ckpt.save(step, {"params": state.params}, {"step": step, "config": cfg.to_dict()})
         ckpt.wait()
     finally:
         ckpt.close()
+        if params_ckpt is not None:
+            params_ckpt.close()
         work.close()
         logger.close(history)
         _write_results(cfg, history, steps)
-    return {"history": history, "state": state}
+    result = {"history": history, "state": state}
+    if cfg.export.at_end and jax.process_index() == 0:
+        result["export"] = export_at_end(cfg, steps)
+    return result
+
+
+def _params_checkpointer(cfg, start: int) -> Checkpointer | None:
+    """out_dir/params (checkpoint.params_only_every), without the steps after `start` (the
+    resumed run saves them again)."""
+    if not cfg.checkpoint.params_only_every:
+        return None
+    ckpt = Checkpointer(os.path.join(cfg.out_dir, PARAMS_DIR), keep=cfg.checkpoint.params_only_keep or None)
+    dropped = ckpt.delete_after(start)
+    if dropped:
+        log.info("params-only checkpoints %s are after the resumed step %d: deleted (saved again)", dropped, start)
+    return ckpt
+
+
+def export_at_end(cfg, step: int) -> dict:
+    """export.at_end: the final checkpoint as an HF directory (export.dir, default out_dir/hf),
+    as `launch/export_hf.py` writes it (LoRA: merged)."""
+    out = cfg.export.dir or os.path.join(cfg.out_dir, "hf")
+    report = export_checkpoint(os.path.join(cfg.out_dir, "checkpoints"), out, step=step,
+                               dtype=cfg.export.dtype or None, verify=cfg.export.verify)
+    log.info("exported step %d to %s", step, out)
+    return report
 
 
 def _evaluate(work, job, params, step: int, history: list[dict]) -> dict[str, Any]:
