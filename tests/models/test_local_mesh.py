@@ -5,11 +5,13 @@ import dataclasses
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
+from jaxscaffold import backends
 from jaxscaffold.models import qwen3
 from jaxscaffold.models.config import Qwen3Config, tiny
 from jaxscaffold.models.local_mesh import device_bytes, local_mesh, local_rules, to_local
-from jaxscaffold.models.sharding import DEFAULT_RULES, MeshConfig, make_mesh
+from jaxscaffold.models.sharding import DEFAULT_RULES, MESH_AXES, MeshConfig, make_mesh
 from jaxscaffold.rollout.engine import Sampler
 
 
@@ -57,3 +59,12 @@ def test_sampler_cache_replicated_where_kv_heads_do_not_divide():
     for buf in jax.tree.leaves(state.cache.k):
         assert buf.sharding.is_fully_replicated
     assert not state.logits_BV.sharding.is_fully_replicated  # the vocabulary is split
+
+
+def test_a_one_device_host_mesh_decodes_as_unsharded():
+    """On several processes of one device each, a host's sampler decodes as an unsharded one
+    (the CPU layout's column blocks), so its tokens are the one-process run's bit for bit."""
+    one = Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1, 1), MESH_AXES)
+    unsharded = backends.for_sampler("per_layer").column_blocks
+    assert backends.for_sampler("per_layer", mesh=one).column_blocks == unsharded
+    assert backends.for_sampler("per_layer", mesh=local_mesh()).column_blocks == 1

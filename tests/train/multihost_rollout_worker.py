@@ -13,6 +13,7 @@ process_id, num_processes, out = configure(total_devices=8)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from jaxscaffold.models import lora as lora_lib  # noqa: E402
 from jaxscaffold.models import qwen3  # noqa: E402
 from jaxscaffold.models.config import Qwen3Config  # noqa: E402
 from jaxscaffold.models.local_mesh import device_bytes  # noqa: E402
@@ -82,6 +83,18 @@ for layout in ("per_layer", "stacked"):  # the CPU's and the TPU / GPU one
         plain = Sampler(config, batch_size=ROWS, max_len=64, sampling=SamplingConfig(temperature=1.0), layout=layout)
         result[layout]["tokens_one_device"], _ = sample(config, one, plain)
 result["local_devices"] = sorted(d.id for d in jax.local_devices())
+
+# LoRA: the samplers decode with the base merged with the adapters (B made non-zero, so the
+# merge changes the model), merged on the training mesh and then resharded the same way.
+lora = lora_lib.LoraConfig(rank=4, alpha=8.0)
+adapters = lora_lib.init_adapters(config, lora, jax.random.key(3), mesh=mesh)
+adapters = jax.tree.map(lambda x: x + 0.05, adapters)
+merged = lora_lib.merged(config, params, adapters, lora)
+sampler = Sampler(config, batch_size=ROWS, max_len=64, sampling=SamplingConfig(temperature=1.0),
+                  mesh=sampler_mesh, rules=rules)
+local = sampler_params(merged, sampler)
+tokens, _ = sample(config, local, sampler)
+result["lora"] = {"tokens": tokens, "share": largest_share(local, param_bytes(config))}
 
 if num_processes > 1:
     # Host memory around the reshard, with a model of ~86 MB (f32). On CPU the devices' buffers

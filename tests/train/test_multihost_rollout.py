@@ -48,6 +48,12 @@ def test_per_host_meshes_sample_the_one_process_tokens_on_a_quarter_of_the_model
             assert r["devices"] == run["local_devices"] and len(r["devices"]) == 4
             assert r["share"] <= 1.05 / 4 and r["prepared_share"] <= 1.05 / 4, (layout, r)
             assert r["cache_share"] <= 1.05 / 4, (layout, r)
+    # LoRA's merged parameters: resharded alike, the one-process tokens, which the merge changed.
+    lora = {**two[0]["lora"]["tokens"], **two[1]["lora"]["tokens"]}
+    assert lora.keys() == one["lora"]["tokens"].keys()
+    assert all(lora[k][0] == toks for k, (toks, _) in one["lora"]["tokens"].items())
+    assert any(lora[k][0] != toks for k, (toks, _) in one["per_layer"]["tokens"].items())
+    assert max(run["lora"]["share"] for run in two) <= 1.05 / 4
     # Host memory around the reshard of a 71 MB model. On CPU a device's buffers are host
     # memory, so the reshard's result (the model once per process, a quarter on each device)
     # shows up in RSS; beyond it the peak grows by less than a quarter of the model. The old
