@@ -69,7 +69,7 @@ def to_local(params: dict, config: Qwen3Config, mesh: Mesh, rules: ShardingRules
     order); the copy is device to device."""
     if jax.process_count() == 1:
         # A jitted identity: on device (jax.device_put of a fully addressable array may reshard
-        # through the host); the parameters' devices in `mesh`'s order (jax.devices()').
+        # through the host); the parameters must be on `mesh`'s devices in its order (jax.devices()'s).
         return _identity(params, out_shardings=qwen3.param_shardings(config, mesh, rules))
     # Arrays spanning processes onto a mesh of the same devices (in any order): jax.device_put
     # reshards them on device, a collective (its transfers pass jax.transfer_guard's
