@@ -62,8 +62,10 @@ def compiler_options() -> dict[str, str] | None:
 
 def default_column_blocks(mesh=None) -> int:
     """Column blocks of the decode layout: one per core, at most 4, on an unsharded CPU
-    sampler (independent small dots run on different cores); else 1."""
-    if mesh is not None or jax.default_backend() != "cpu":
+    sampler (independent small dots run on different cores; a one-device mesh, a host's
+    own on several processes, is unsharded too); else 1."""
+    sharded = mesh is not None and getattr(mesh, "size", None) != 1
+    if sharded or jax.default_backend() != "cpu":
         return 1
     return min(os.cpu_count() or 1, 4)
 

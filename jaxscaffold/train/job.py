@@ -23,6 +23,7 @@ from jaxscaffold.rl.presets import preset
 from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_train_step, state_shardings
 from jaxscaffold.rollout.engine import Sampler
 from jaxscaffold.rollout.sampling import GREEDY, SamplingConfig
+from jaxscaffold.train.multihost import rollout_mesh
 
 
 @dataclasses.dataclass
@@ -153,12 +154,15 @@ def build_job(cfg) -> tuple[Job, Any]:
     # Slots for this process's share of the groups and eval tasks (all of them on one process).
     share = -(-c.tasks_per_step // jax.process_count())
     rows = share * c.group_size
+    # On several processes each samples on its own devices (tensor parallel; `rollout_mesh`).
+    sampler_mesh, sampler_rules = rollout_mesh(model_config)
     sampler = Sampler(model_config, batch_size=rows, max_len=c.max_len, sampling=sampling,
-                      cache_dtype=cfg.model.cache_dtype)
+                      cache_dtype=cfg.model.cache_dtype, mesh=sampler_mesh, rules=sampler_rules)
     e = cfg.eval
     eval_rows = e.batch_size or (min(rows, max(1, -(-e.tasks // jax.process_count()))) if e.tasks else rows)
     eval_sampler = Sampler(model_config, batch_size=eval_rows, max_len=cfg.eval.max_len or c.max_len,
-                           sampling=GREEDY, cache_dtype=cfg.model.cache_dtype)
+                           sampling=GREEDY, cache_dtype=cfg.model.cache_dtype, mesh=sampler_mesh,
+                           rules=sampler_rules)
     job = Job(cfg, mesh, model_config, tokenizer, sampler, eval_sampler, step_fn, algo,
               row_multiple=r.micro_batches * data_parallel, ref_params=ref_params, lora=lora,
               base_params=base_params)

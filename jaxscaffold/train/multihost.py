@@ -1,6 +1,7 @@
 """What a run on several processes (multi-host) needs beyond one process.
 
-Each process runs its share of the step's groups with a process-local copy of the parameters;
+Each process runs its share of the step's groups with the parameters resharded onto its own
+devices (`rollout_mesh`, `sampler_params`);
 the task stream, the feedback decisions and the bandit are functions of the run seed and the
 step, so they agree everywhere; what needs the global view (metrics, the feedback log, the
 bandit's signal) is gathered from every process. On one process every function here is the
@@ -12,11 +13,12 @@ from __future__ import annotations
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
 from jaxscaffold.buckets import pow2_bucket
+from jaxscaffold.models.local_mesh import local_mesh, local_rules, to_local
+from jaxscaffold.models.sharding import DEFAULT_RULES
 from jaxscaffold.train.batching import build_batch
 
 
@@ -41,22 +43,32 @@ def allgather_json(obj) -> list:
     return [json.loads(rows[p, :sizes[p]].tobytes()) for p in range(len(sizes))]
 
 
-def sampler_params(params):
-    """The parameters rollouts sample with. Replicated parameters: one device's replica, so the
-    sampler runs on one device instead of repeating the same work (and memory) on every
-    device of the mesh. Sharded ones: as they are on one process (the sampler runs SPMD over
-    the mesh); on several processes gathered onto this process's devices (a collective), as a
-    jitted call on arrays spanning processes would need every process at once, and rollouts
-    run on each process separately."""
-    leaves, treedef = jax.tree.flatten(params)
-    sharded = [i for i, x in enumerate(leaves) if not x.is_fully_replicated]
-    if sharded and jax.process_count() == 1:
+def rollout_mesh(config) -> tuple:
+    """(mesh, rules) the samplers run on: on one process (None, the default rules), the
+    parameters as they are placed; on several, this process's devices (`local_mesh`: tensor
+    parallel over heads, MLP and vocabulary, the KV cache over kv heads where they divide,
+    `local_rules`)."""
+    if jax.process_count() == 1:
+        return None, DEFAULT_RULES
+    mesh = local_mesh()
+    return mesh, local_rules(config, mesh.shape["tensor"])
+
+
+def sampler_params(params, sampler):
+    """The parameters rollouts sample with on `sampler` (built on `rollout_mesh`). Replicated
+    parameters on one process: one device's replica, so the sampler runs on one device
+    instead of repeating the same work (and memory) on every device of the mesh; sharded ones
+    as they are (the sampler runs SPMD over the mesh). On several processes (a collective:
+    every process calls it, in the same order): resharded on device onto this process's
+    mesh, `to_local`, as a jitted call on arrays spanning processes would need every process
+    at once, and rollouts run on each process separately; no host copy of the model."""
+    if jax.process_count() > 1:
+        if sampler.mesh is None:
+            raise ValueError("on several processes a sampler runs on this process's mesh: build it on rollout_mesh()")
+        return to_local(params, sampler.config, sampler.mesh, sampler.rules)
+    if any(not x.is_fully_replicated for x in jax.tree.leaves(params)):
         return params
-    gathered = multihost_utils.process_allgather([leaves[i] for i in sharded], tiled=True) if sharded else []
-    out = [None if i in sharded else x.addressable_data(0) for i, x in enumerate(leaves)]
-    for i, g in zip(sharded, gathered):
-        out[i] = jnp.asarray(g)
-    return jax.tree.unflatten(treedef, out)
+    return jax.tree.map(lambda x: x.addressable_data(0), params)
 
 
 def process_batch(conversations, adv, row_multiple: int) -> dict[str, np.ndarray]:

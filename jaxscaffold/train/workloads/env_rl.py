@@ -102,7 +102,7 @@ class EnvWorkload:
         cfg, c = job.cfg, job.cfg.rollout
         rcfg = rollout_config(c, c.max_turns)
         schedule = self.schedule_at(step)
-        params = sampler_params(params)
+        params = sampler_params(params, job.sampler)
         share = process_share(c.tasks_per_step)
         dynamic = dapo.DynamicSampler(len(share), None) if job.algo.dynamic_sampling else None
         limit = job.algo.max_num_gen_batches if dynamic else 1
@@ -187,7 +187,7 @@ class EnvWorkload:
         returns) its share of the tasks."""
         c = job.cfg.rollout
         rcfg = rollout_config(c, job.cfg.eval.max_turns)
-        params = sampler_params(params)
+        params = sampler_params(params, job.eval_sampler)
         everyone = self.eval_tasks if tasks is None else list(tasks)
         tasks = [everyone[i] for i in process_share(len(everyone))]
         episodes = []

@@ -72,7 +72,8 @@ def policy_trajectories(job: Job, params, envs, tasks: Sequence[Task]) -> list[E
                          enable_thinking=job.cfg.rollout.enable_thinking)
     sampler = Sampler(job.model_config, batch_size=job.sampler.batch_size, max_len=job.cfg.rollout.max_len,
                       sampling=SamplingConfig(temperature=w.collect_temperature),
-                      cache_dtype=job.cfg.model.cache_dtype)
+                      cache_dtype=job.cfg.model.cache_dtype, mesh=job.sampler.mesh, rules=job.sampler.rules)
+    params = sampler_params(params, sampler)
     flat = [t for t in tasks for _ in range(w.rollouts_per_task)]
     episodes = []
     for start in range(0, len(flat), sampler.batch_size):
@@ -336,7 +337,7 @@ class WorldModelWorkload:
         everyone = self.stream.take(c.tasks_per_step)  # every process takes them: streams stay equal
         share = list(process_share(c.tasks_per_step))
         triples = [everyone[g] for g in share]
-        answers = sample_answers(job, sampler_params(params), triples, samples=c.group_size,
+        answers = sample_answers(job, sampler_params(params, job.sampler), triples, samples=c.group_size,
                                  seed=seeds.derive(job.cfg.seed, "rollout", step),
                                  first_row=(share[0] if share else 0) * c.group_size)
         targets = [t.next_state for t in triples for _ in range(c.group_size)]
@@ -359,7 +360,7 @@ class WorldModelWorkload:
         w = job.cfg.rwml
         everyone = self.eval_triples
         heldout = [everyone[i] for i in process_share(len(everyone))]
-        answers = sample_answers(job, sampler_params(params), heldout, samples=1,
+        answers = sample_answers(job, sampler_params(params, job.eval_sampler), heldout, samples=1,
                                  seed=seeds.derive(job.cfg.seed, "eval"), greedy=True)
         rewards, distances, counts = self.reward_fn([a for _, a in answers], [t.next_state for t in heldout],
                                                     w.tau_d)
