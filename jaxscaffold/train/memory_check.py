@@ -46,7 +46,7 @@ def check_fits(cfg: RunConfig, devices: list | None = None) -> memory_plan.Memor
         devices = mesh_devices(cfg) or jax.devices()
     hbm = cfg.memory.hbm_gb * 1e9 if cfg.memory.hbm_gb else device_memory_bytes(devices[0])
     if hbm is None:
-        log.info("memory check skipped: %s reports no memory limit (set memory.hbm_gb)", devices[0].platform)
+        log.debug("memory check skipped: %s reports no memory limit (set memory.hbm_gb)", devices[0].platform)
         return None
     result = memory_plan.plan(cfg, hbm_bytes=hbm, devices=devices)
     if not result.fits():
