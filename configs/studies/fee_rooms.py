@@ -20,8 +20,8 @@ import os
 
 ROOT = os.environ.get("ROOMS_STUDY_DIR", "runs/studies/fee_rooms")
 # Sized to what this shared 2-core machine gave on the day (a rooms step took ~35 s of wall
-# time at load 10-25, and the first compile ~15 min; see fee_rooms_expected.md): 4 steps, the
-# AG -> OE switch after step 2, one evaluation at the end. The shapes (4 tasks x 8, max_len
+# time at load 10-25, and the first compile ~15 min; see fee_rooms_expected.md): the run of
+# 2026-12-03 had ROOMS_STUDY_STEPS=3 (AG at step 1, OE at steps 2-3), one evaluation at the end. The shapes (4 tasks x 8, max_len
 # 1536, 16 eval tasks) are configs/rooms.py's, so the compiled programs are shared by all runs
 # through JAX's persistent cache (JAX_COMPILATION_CACHE_DIR). On a quiet or bigger machine,
 # raise STEPS (e.g. 200 with switch 100, as the paper).
