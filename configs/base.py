@@ -14,6 +14,7 @@ def get_config() -> ConfigDict:
     c.model.hf_path = ""  # local HF checkpoint directory; empty: random init of `preset`
     c.model.preset = "qwen3-4b"  # jaxscaffold.models.config preset name, or "tiny"
     c.model.tokenizer = ""  # HF tokenizer directory; empty: hf_path's, else the offline Qwen3 one
+    c.model.vocabulary = ""  # word-level testbed vocabulary (rooms): its WordTokenizer, and a preset's embedding resized to it; empty: the tokenizer above
     c.model.param_dtype = "float32"  # master weights
     c.model.compute_dtype = "bfloat16"  # matmuls (accumulated in f32)
     c.model.cache_dtype = "bfloat16"  # sampler KV cache

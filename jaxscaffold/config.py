@@ -35,6 +35,7 @@ class Model:
     hf_path: str
     preset: str
     tokenizer: str
+    vocabulary: str
     param_dtype: Literal["float32", "bfloat16", "float16"]
     compute_dtype: Literal["float32", "bfloat16", "float16"]
     cache_dtype: Literal["float32", "bfloat16", "float16"]
@@ -391,6 +392,7 @@ def validate(cfg: RunConfig) -> None:
     _range("memory.hbm_gb", cfg.memory.hbm_gb, 0.0)
     if not cfg.model.hf_path:
         _one_of("model.preset", cfg.model.preset.lower(), ["tiny", *model_configs.PRESETS])
+    _check_vocabulary(cfg.model)
     f = cfg.feedback
     if f.schedule == "bandit":
         if not f.arms():
@@ -532,6 +534,16 @@ def _check_rwml(cfg: RunConfig) -> None:
     _range("rwml.filter.tau_d", p.tau_d, 0.0, 2.0, strict=True)
     _range("rwml.filter.tau_easy", p.tau_easy, 0.0, 1.0)
     _range("rwml.filter.p_keep_easy", p.p_keep_easy, 0.0, 1.0)
+
+
+def _check_vocabulary(m: Model) -> None:
+    """A word-level vocabulary is a tokenizer of its own: not with a tokenizer directory."""
+    from jaxscaffold.train.vocabularies import VOCABULARIES
+
+    _one_of("model.vocabulary", m.vocabulary, ["", *VOCABULARIES])
+    if m.vocabulary and m.tokenizer:
+        raise ConfigError(f"config.model.vocabulary={m.vocabulary!r} and config.model.tokenizer={m.tokenizer!r}: "
+                          "set one of them")
 
 
 def _one_of(path: str, value, allowed: Sequence) -> None:

@@ -214,3 +214,13 @@ def test_the_update_fields_are_checked(overrides, match):
     cfg = build(base(), "rl.tis_cap=2", "rl.recompute_old_logprobs=true", "rl.minibatch_rows=128",
                 "rl.dynamic_sampling_exhausted=raise")
     assert (cfg.rl.tis_cap, cfg.rl.recompute_old_logprobs, cfg.rl.minibatch_rows) == (2.0, True, 128)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["model.vocabulary=kitchen"], r"config.model.vocabulary='kitchen' is not one of: , rooms"),
+    (["model.vocabulary=rooms", "model.tokenizer=/tok"], r"model.vocabulary='rooms' and config.model.tokenizer='/tok': set one"),
+])
+def test_word_vocabulary_is_checked(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        build(base(), *overrides)
+    assert build(base(), "model.vocabulary=rooms").model.vocabulary == "rooms"

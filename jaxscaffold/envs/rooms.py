@@ -36,6 +36,20 @@ CONTAINERS = ("box", "drawer", "chest", "basket")
 ITEMS = ("gem", "coin", "book", "ball")
 MIN_PLAN, MAX_PLAN = 6, 12
 _SPLIT_SEEDS = {"train": 0, "test": 10_000_000}  # disjoint seed ranges, and layouts checked
+# Every fixed text the env writes (describe, step, checklist, the action forms): with the names
+# above, its whole vocabulary (a word-level tokenizer for the testbed is built from it).
+TEMPLATE_TEXTS = (
+    "Goal: put the item in the container of the room room.", "You are in the room.",
+    "A door leads to the room (locked).", "The container is open; in it: the thing, nothing.",
+    "The container is closed.", "On the floor: the thing.", "You carry: nothing.",
+    "Actions: go to; open; take; unlock door; put in; look", "key",
+    "Nothing happens.", "Done: the goal holds.", "find the key", "unlock the door",
+)
+
+
+def vocabulary_texts() -> tuple[str, ...]:
+    """Texts holding every word the env writes (for a word-level tokenizer)."""
+    return TEMPLATE_TEXTS + COLOURS + CONTAINERS + ITEMS
 
 
 @dataclasses.dataclass(frozen=True)

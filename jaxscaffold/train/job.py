@@ -19,11 +19,13 @@ from jaxscaffold.models import hf_io, qwen3
 from jaxscaffold.models import lora as lora_lib
 from jaxscaffold.models.sharding import MeshConfig, make_mesh, maybe_initialize_distributed
 from jaxscaffold.models.tokenizer import load_tokenizer
+from jaxscaffold.models.word_tokenizer import padded_vocab_size
 from jaxscaffold.rl.presets import preset
 from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_train_step, state_shardings
 from jaxscaffold.rollout.engine import Sampler
 from jaxscaffold.rollout.sampling import GREEDY, SamplingConfig
 from jaxscaffold.train.multihost import rollout_mesh
+from jaxscaffold.train.vocabularies import word_tokenizer
 
 
 @dataclasses.dataclass
@@ -74,6 +76,8 @@ def model_config(cfg: RunConfig) -> model_config_lib.Qwen3Config:
         except (OSError, json.JSONDecodeError) as e:
             raise hf_io.CheckpointError(f"{path}: cannot read the model's config ({e})") from None
         return hf_io.config_from_hf(hf, path, **execution)
+    if m.vocabulary:  # a from-scratch model on a testbed's words: the embedding sized to them
+        execution["vocab_size"] = padded_vocab_size(word_tokenizer(m.vocabulary))
     if m.preset == "tiny":
         return model_config_lib.tiny(**execution)
     return model_config_lib.preset(m.preset, **execution)
@@ -104,6 +108,11 @@ def tokenizer_path(m) -> str | None:
     return None
 
 
+def run_tokenizer(m):
+    """The run's tokenizer: the word-level one of `model.vocabulary`, else `tokenizer_path`'s."""
+    return word_tokenizer(m.vocabulary) if m.vocabulary else load_tokenizer(tokenizer_path(m))
+
+
 def mesh_devices(cfg) -> list | None:
     """`config.mesh.devices`: the first n devices (None: all of them)."""
     n = cfg.mesh.devices
@@ -128,7 +137,7 @@ def build_job(cfg) -> tuple[Job, Any]:
     cfg = config_lib.typed(cfg)
     mesh = make_mesh(MeshConfig(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor), mesh_devices(cfg))
     model_config, params = build_model(cfg, mesh)
-    tokenizer = load_tokenizer(tokenizer_path(cfg.model))
+    tokenizer = run_tokenizer(cfg.model)
     r, c = cfg.rl, cfg.rollout
     algo = preset(r.algorithm, kl_coef=r.kl_coef, entropy_coef=r.entropy_coef)
     opt_config = optimizer_config(cfg)

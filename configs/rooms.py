@@ -1,0 +1,38 @@
+"""The rooms testbed (jaxscaffold/envs/rooms.py) on CPU: a tiny model trained from scratch on
+the testbed's word-level vocabulary (model.vocabulary = "rooms": ~240 ids instead of Qwen3's
+151,936), FEE's default schedule (AG on episode steps 0-2 until `feedback.switch_step`, OE on
+steps 5-9 after it). The FEE study (configs/studies/fee_rooms.py) runs its arms from this file."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+import base  # noqa: E402
+
+
+def get_config():
+    c = base.get_config()
+    c.out_dir = "runs/rooms"
+    c.steps = 60
+    c.model.preset = "tiny"  # 2 layers, hidden 64; the embedding resized to the vocabulary
+    c.model.vocabulary = "rooms"
+    c.model.compute_dtype = "float32"
+    c.model.cache_dtype = "float32"
+    c.model.remat_policy = "none"
+    c.rl.lr = 1e-2
+    c.rollout.tasks_per_step = 4
+    c.rollout.group_size = 8
+    c.rollout.max_turns = 14  # plans are 6-12 actions: a little slack
+    c.rollout.max_new_tokens = 8  # an action is 2-6 words
+    c.rollout.max_len = 1536
+    c.rollout.enable_thinking = False
+    c.envs.train = "rooms"
+    c.envs.eval = "rooms:test:16"
+    c.envs.num_workers = 0
+    c.feedback.schedule = "ag_early_oe_late"
+    c.feedback.switch_step = 30
+    c.eval.every = 10
+    c.eval.max_turns = 14
+    c.eval.at_start = False
+    c.checkpoint.every = 20
+    return c

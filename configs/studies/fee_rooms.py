@@ -1,0 +1,51 @@
+"""The paper's four FEE comparisons on the rooms testbed (configs/rooms.py), 5 arms x 5 seeds.
+
+Arms (all from the same random-valid-action base, launch/rooms_base.py; GRPO, group 8):
+  standard    no feedback (the baseline)
+  fee         AG on episode steps 0-2 up to `feedback.switch_step`, OE on steps 5-9 after it
+  ag_only     AG on episode steps 0-2 through all of training
+  oe_only     OE on episode steps 5-9 through all of training
+  fee_random  as fee, but the feedback coin inside a group: the even-indexed rollouts get it
+              (the reference code's "inconsistent" env; feedback.mode=even)
+Expected directions (from the paper) are in fee_rooms_expected.md, written before the run.
+
+  ROOMS_STUDY_DIR=/path python launch/study.py --study fee_rooms --shard 0/2   # and 1/2
+  ROOMS_STUDY_DIR=/path python launch/study.py --study fee_rooms --report
+
+ROOMS_STUDY_DIR (default runs/studies/fee_rooms) holds the base model (`base/`, made first
+with `python launch/rooms_base.py $ROOMS_STUDY_DIR/base`) and the runs.
+"""
+
+import os
+
+ROOT = os.environ.get("ROOMS_STUDY_DIR", "runs/studies/fee_rooms")
+# Sized to what this shared 2-core machine gave on the day (a rooms step took ~35 s of wall
+# time at load 10-25, and the first compile ~15 min; see fee_rooms_expected.md): the run of
+# 2026-12-03 had ROOMS_STUDY_STEPS=3 (AG at step 1, OE at steps 2-3), one evaluation at the end. The shapes (4 tasks x 8, max_len
+# 1536, 16 eval tasks) are configs/rooms.py's, so the compiled programs are shared by all runs
+# through JAX's persistent cache (JAX_COMPILATION_CACHE_DIR). On a quiet or bigger machine,
+# raise STEPS (e.g. 200 with switch 100, as the paper).
+STEPS = int(os.environ.get("ROOMS_STUDY_STEPS", "4"))
+SIZE = [f"steps={STEPS}", f"feedback.switch_step={max(1, STEPS // 2)}", f"eval.every={STEPS}",
+        f"checkpoint.every={STEPS}"]
+COMMON = [f"model.hf_path={os.path.join(ROOT, 'base')}", *SIZE]
+
+
+def get_study():
+    def arm(*overrides):
+        return ("rooms.py", [*COMMON, *overrides])
+
+    return {
+        "name": "fee_rooms",
+        "out_dir": os.path.join(ROOT, "runs"),
+        "seeds": [0, 1, 2, 3, 4],
+        "score": "eval/score",
+        "baseline": "standard",
+        "arms": {
+            "standard": arm("feedback.schedule=none"),
+            "fee": arm("feedback.schedule=ag_early_oe_late"),
+            "ag_only": arm("feedback.schedule=ag_early"),
+            "oe_only": arm("feedback.schedule=oe_late"),
+            "fee_random": arm("feedback.schedule=ag_early_oe_late", "feedback.mode=even"),
+        },
+    }

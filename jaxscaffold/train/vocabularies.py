@@ -1,0 +1,42 @@
+"""Word-level vocabularies of the testbeds (`model.vocabulary`): every word a run's chats hold,
+so a from-scratch model on a `WordTokenizer` of a few hundred ids sees no unknown word.
+
+A vocabulary is composed here, where envs and feedback meet the model: the env's own texts,
+its system prompt, the text its enrichers add, and the action markup an agent may write.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from jaxscaffold.envs.base import Observation
+from jaxscaffold.envs.prompts import system_prompt
+from jaxscaffold.models.word_tokenizer import WordTokenizer
+
+ACTION_MARKUP = ("<action></action>",)  # an agent may wrap its action (the envs' shared parser)
+
+
+def _feedback_texts(env: str) -> tuple[str, ...]:
+    """What the env's enrichers add, shown on an observation with every privileged field set."""
+    from jaxscaffold.feedback import enrichers
+
+    obs = Observation("", {"next_walkthrough_action": "look", "gold_actions": ["look"],
+                           "goals": [{"description": "look", "done": True}, {"description": "look", "done": False}]})
+    return tuple(form(obs, []) for kind in ("ag", "oe") for form in enrichers.FORMS.get((env, kind), {}).values())
+
+
+def _rooms_texts() -> tuple[str, ...]:
+    from jaxscaffold.envs import rooms
+
+    return rooms.vocabulary_texts() + (system_prompt("rooms"),) + _feedback_texts("rooms") + ACTION_MARKUP
+
+
+VOCABULARIES = {"rooms": _rooms_texts}
+
+
+@functools.lru_cache(maxsize=None)
+def word_tokenizer(name: str) -> WordTokenizer:
+    """The `WordTokenizer` of vocabulary `name` (a key of VOCABULARIES)."""
+    if name not in VOCABULARIES:
+        raise KeyError(f"unknown vocabulary {name!r}; known: {', '.join(VOCABULARIES)}")
+    return WordTokenizer(VOCABULARIES[name]())
