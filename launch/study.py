@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
         return 2
     summary = report.write_report(study)
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(report.json_safe(summary), allow_nan=False))
     else:
         for arm, a in summary["arms"].items():
             peak, final = a["peak"], a["final"]

@@ -4,6 +4,7 @@ intervals; paired differences against the baseline over shared seeds) and `study
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import numpy as np
@@ -72,12 +73,25 @@ def plot(study: Study, histories: dict, path: str) -> None:
     plt.close(fig)
 
 
+def json_safe(obj):
+    """`obj` with every NaN as None: study.json is strict JSON (an arm with no informative
+    group has no first informative step; Python would write NaN, which JSON parsers refuse)."""
+    if isinstance(obj, float) and math.isnan(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
 def write_report(study: Study) -> dict:
-    """Writes study.json and study.png in the study's out_dir; returns the summary."""
+    """Writes study.json (strict JSON: NaN as null) and study.png in the study's out_dir;
+    returns the summary."""
     summary, histories = summarise(study)
     os.makedirs(study.out_dir, exist_ok=True)
     with open(os.path.join(study.out_dir, "study.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+        json.dump(json_safe(summary), f, indent=1, allow_nan=False)
     if histories:
         plot(study, histories, os.path.join(study.out_dir, "study.png"))
     return summary

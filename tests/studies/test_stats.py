@@ -53,3 +53,18 @@ def test_run_summary_by_hand():
     assert s["informative_share"] == pytest.approx(0.25)
     assert s["reward_variability"] == pytest.approx((0.5 + 0.25 + 0.5) / 3)
     assert s["entropy"] == {"steps": [1, 2, 3], "values": [2.0, 1.8, 1.5]}
+
+
+def test_the_report_is_strict_json():
+    """An undefined statistic (no informative group: no first informative step) is null."""
+    import json
+
+    from jaxscaffold.studies.report import json_safe
+    summary = {"arms": {"a": {"first_informative_step": stats.bootstrap_mean([]), "peak": (0.5, float("nan"))}}}
+    text = json.dumps(json_safe(summary), allow_nan=False)
+
+    def refuse(name):
+        raise ValueError(name)
+    back = json.loads(text, parse_constant=refuse)
+    assert back["arms"]["a"]["first_informative_step"] == {"mean": None, "low": None, "high": None, "n": 0}
+    assert back["arms"]["a"]["peak"] == [0.5, None]
