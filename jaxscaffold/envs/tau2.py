@@ -22,7 +22,8 @@ Episode (one tau2 task):
   * Text goes to the user simulator, a constructor argument `user(messages) -> reply`: chat
     messages in (OpenAI-style dicts from the user's point of view: tau2's user system prompt,
     then the agent's messages as "user" and the user's own replies as "assistant"), reply
-    text out. Where the user has tools (telecom: the phone), the reply may hold `<tool_call>`
+    text out. In a run it is `config.envs.tau2_user`'s model behind a loopback endpoint
+    (`envs.chat_user.ChatEndpointUser`; `jaxscaffold.train.user_model` serves it). Where the user has tools (telecom: the phone), the reply may hold `<tool_call>`
     blocks; they run as the user's tools and the results go back to the user until it answers
     in text. A reply with ``###STOP###``, ``###TRANSFER###`` or ``###OUT-OF-SCOPE###`` ends the
     episode (tau2's USER_STOP).

@@ -61,6 +61,17 @@ def client(u: Tau2User, base_url: str) -> ChatEndpointUser:
                             timeout_s=u.timeout_s)
 
 
+def describe(u: Tau2User) -> str:
+    """The user simulator in a few words (the start-up summary's line)."""
+    if u.mode == "none":
+        return "none (envs.tau2_user.mode='none': no user)"
+    sampling = f"temperature {u.temperature:g}, top_p {u.top_p:g}, {u.max_tokens} tokens a reply"
+    if u.mode == "endpoint":
+        return f"the endpoint {u.url}, {sampling}"
+    model = f"{u.hf_path} (HF checkpoint)" if u.hf_path else f"preset {u.preset} (random weights)"
+    return f"{model} served by our sampler in this process ({u.slots} slots), {sampling}"
+
+
 def start_tau2_user(u: Tau2User):
     """(the user callable for `Tau2Env(user=...)`, None for mode "none"; the server this
     started, to stop when the envs close, or None)."""

@@ -71,3 +71,12 @@ def test_endpoint_and_no_user_modes_start_nothing():
     assert server is None and user.url == "http://127.0.0.1:9/v1/chat/completions"
     assert (user.temperature, user.top_p, user.max_tokens) == (0.5, 0.9, 7)
     assert user_model.start_tau2_user(Tau2User(mode="none")) == (None, None)
+
+
+def test_the_start_up_summary_names_the_user():
+    assert user_model.describe(Tau2User(preset="tiny", slots=2)) == (
+        "preset tiny (random weights) served by our sampler in this process (2 slots), "
+        "temperature 0, top_p 1, 1024 tokens a reply")
+    assert user_model.describe(Tau2User(mode="endpoint", url="http://h:1/v1", max_tokens=9)).startswith(
+        "the endpoint http://h:1/v1, temperature 0, top_p 1, 9 tokens")
+    assert user_model.describe(Tau2User(mode="none")).startswith("none")
