@@ -61,3 +61,12 @@ def test_configs_written_before_the_section_load_with_its_defaults():
     del d["envs"]["tau2_user"]
     assert config_lib.from_dict(d).envs.tau2_user == config_lib.Tau2User()
     assert config_lib.Tau2User() == build().envs.tau2_user  # base.py's defaults are the dataclass's
+
+
+def test_the_launcher_refuses_tau2_without_a_user_at_start():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "tpu_train.py"), "--config", "tiny.py",
+                          "--config.envs.train=tau2:retail/train"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr[-2000:]
+    assert "envs.tau2_user.hf_path" in out.stderr and "mode='none'" in out.stderr
