@@ -62,7 +62,24 @@ def get_config() -> ConfigDict:
     c.envs.eval_split = "test"  # held-out split
     c.envs.num_workers = 4  # environment worker processes (0: in this process)
     c.envs.step_timeout_s = 60.0  # a worker silent this long is restarted; its episodes fail
-    c.envs.env_kwargs = ""  # JSON {env: {constructor kwarg: value}}, e.g. '{"tau2": {"user": "http://127.0.0.1:8011/v1"}}'
+    c.envs.env_kwargs = ""  # JSON {env: {constructor kwarg: value}}, e.g. '{"tau2": {"max_steps": 30}}' (tau2's user: envs.tau2_user)
+    # tau2's user simulator (jaxscaffold.train.user_model): a run with tau2 needs one or mode "none".
+    # mode "model": our sampler serves the model in the trainer's process, on its devices, behind a
+    # loopback chat endpoint that pool workers and in-process envs alike call (one per process).
+    c.envs.tau2_user = ConfigDict()
+    c.envs.tau2_user.mode = "model"  # model (served by our sampler: hf_path or preset) | endpoint (url, e.g. launch/serve_chat.py) | none (no user: explicit)
+    c.envs.tau2_user.hf_path = ""  # mode model: a local HF chat model directory (with its tokenizer)
+    c.envs.tau2_user.preset = ""  # mode model: instead, random weights of a preset ("tiny": tests) with the offline Qwen3 tokenizer
+    c.envs.tau2_user.url = ""  # mode endpoint: an OpenAI-compatible base URL, e.g. http://127.0.0.1:8011/v1
+    c.envs.tau2_user.temperature = 0.0  # the user's sampling temperature (tau2's default: 0.0; 0 is greedy)
+    c.envs.tau2_user.top_p = 1.0  # the user's nucleus sampling
+    c.envs.tau2_user.max_tokens = 1024  # tokens per user reply
+    c.envs.tau2_user.max_len = 8192  # mode model: prompt + reply tokens of one user request, at most
+    c.envs.tau2_user.slots = 8  # mode model: user requests generated together, at most
+    c.envs.tau2_user.compute_dtype = "bfloat16"  # mode model: the user model's compute dtype
+    c.envs.tau2_user.enable_thinking = False  # mode model: let the user model reason before replying (reasoning is dropped)
+    c.envs.tau2_user.timeout_s = 120.0  # seconds an env waits for one user reply (a pool worker is also cut at envs.step_timeout_s: raise it for slow user models)
+    c.envs.tau2_user.seed = 0  # mode model with a preset: the random weights' seed
 
     c.feedback = ConfigDict()
     c.feedback.schedule = "ag_early_oe_late"  # jaxscaffold.feedback.schedule.make name; "none" = standard; "bandit" = learned (bandit_* below)

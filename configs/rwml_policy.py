@@ -1,8 +1,11 @@
 """RWML stage 2: ordinary task RL (GRPO on success) on ALFWorld from the world-model checkpoint.
 
 Starts from stage 1's HF export (`runs/rwml/hf` by default); gamma 1.0 (episode reward),
-15 env steps per episode in training, 30 in evaluation (the paper). In-distribution eval is
-valid_seen, out-of-distribution valid_unseen (`--config.envs.eval=alfworld:valid_unseen`).
+15 env steps per episode in training, 30 in evaluation (the paper). One evaluation runs both of
+the paper's ALFWorld sets: valid_seen (in-distribution, 140 games) and valid_unseen
+(out-of-distribution, 134), reported apart as `eval/success_alfworld/valid_seen` and
+`eval/success_alfworld/valid_unseen` (and pooled as `eval/success_alfworld`).
+tau2's stage 2 is `rwml_policy_tau2.py`.
 """
 
 import os
@@ -25,10 +28,10 @@ def get_config():
     c.rollout.max_new_tokens = 1024
     c.rollout.max_len = 16384
     c.envs.train = "alfworld"
-    c.envs.eval = "alfworld:valid_seen"
+    c.envs.eval = "alfworld:valid_seen,alfworld:valid_unseen"  # in- and out-of-distribution, each reported
     c.feedback.schedule = "none"  # RWML's policy stage is the standard env
     c.eval.max_turns = 30  # the paper: 30 in evaluation
-    c.eval.tasks = 140
+    c.eval.tasks = 140  # per entry at most: all of valid_seen (140) and valid_unseen (134)
     c.mesh.fsdp = -1
     c.mesh.data = 1
     return c

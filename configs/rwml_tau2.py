@@ -1,6 +1,12 @@
 """RWML stage 1 on tau2-bench: 6 rollouts per task, the paper's tau2 thresholds (set for
-Qwen3-Embedding-8B: RL 0.4, filter 0.15; recalibrate with launch/rwml_calibrate.py for another
-embedder). The user simulator of the collecting rollouts is configured in the tau2 env."""
+Qwen3-Embedding-8B: RL tau_d 0.4, filter 0.15; recalibrate with launch/rwml_calibrate.py for
+another embedder). Then stage 2: `--config rwml_policy_tau2.py`.
+
+The collecting rollouts talk to tau2's user simulator, so the next state after a message to
+the user is the user's reply: name it with `--config.envs.tau2_user.hf_path=DIR` (a local chat
+model, served by our sampler in the trainer's process; see configs/base.py) or
+`mode=endpoint` with `url`. The paper does not name its user model (tau2's default is gpt-4.1).
+"""
 
 import os
 import sys
@@ -20,5 +26,6 @@ def get_config():
     c.rwml.reward = "embedding"  # the paper's (distance only): tau2's JSON states would need every value exact under embedding_facts
     c.rwml.tau_d = 0.4
     c.rwml.filter.tau_d = 0.15
+    c.envs.step_timeout_s = 900.0  # a worker's step waits for its episodes' user replies
     c.model.preset = "qwen3-8b"  # the paper's tau2 base (ALFWorld's is Qwen2.5-7B-Instruct: configs/rwml.py)
     return c

@@ -85,6 +85,25 @@ class Rollout:
 
 
 @dataclasses.dataclass(frozen=True)
+class Tau2User:
+    """tau2's user simulator (`train.user_model`); defaults: configs written before the section."""
+
+    mode: Literal["model", "endpoint", "none"] = "model"
+    hf_path: str = ""
+    preset: str = ""
+    url: str = ""
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 1024
+    max_len: int = 8192
+    slots: int = 8
+    compute_dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    enable_thinking: bool = False
+    timeout_s: float = 120.0
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class Envs:
     train: str
     train_split: str
@@ -93,6 +112,7 @@ class Envs:
     num_workers: int
     step_timeout_s: float
     env_kwargs: str
+    tau2_user: Tau2User = Tau2User()
 
     def kwargs(self) -> dict[str, dict]:
         """`env_kwargs` parsed: {env name: constructor kwargs} (validated at load)."""
@@ -455,6 +475,7 @@ def validate(cfg: RunConfig) -> None:
         _check_rwml(cfg)
     if cfg.lora is not None:
         _check_lora(cfg)
+    _check_tau2_user(cfg)
 
 
 def _check_lora(cfg: RunConfig) -> None:
@@ -575,6 +596,41 @@ def _check_tasks(path: str, spec: str, default_split: str) -> None:
             raise ConfigError(f"config.{path}: {e}") from None
         if limit is not None and limit < 1:
             raise ConfigError(f"config.{path}: {name}'s task count must be >= 1")
+
+
+def _check_tau2_user(cfg: RunConfig) -> None:
+    """A run with tau2 names its user simulator (or opts out with mode 'none'), in one way."""
+    from jaxscaffold.envs import registry
+    from jaxscaffold.models import config as model_configs
+
+    u = cfg.envs.tau2_user
+    _range("envs.tau2_user.temperature", u.temperature, 0.0)
+    _range("envs.tau2_user.top_p", u.top_p, 0.0, 1.0, strict=True)
+    for name in ("max_tokens", "slots"):
+        _range(f"envs.tau2_user.{name}", getattr(u, name), 1)
+    _range("envs.tau2_user.timeout_s", u.timeout_s, 0.0, strict=True)
+    if u.max_len <= u.max_tokens:
+        raise ConfigError(f"config.envs.tau2_user.max_len={u.max_len} must exceed envs.tau2_user.max_tokens={u.max_tokens}")
+    if u.preset:
+        _one_of("envs.tau2_user.preset", u.preset.lower(), ["tiny", *model_configs.PRESETS])
+    given = [f"{n}={getattr(u, n)!r}" for n in ("hf_path", "preset", "url") if getattr(u, n)]
+    if u.mode == "model" and (bool(u.hf_path) == bool(u.preset) or u.url) and given:
+        raise ConfigError(f"config.envs.tau2_user.mode='model' serves one model: hf_path or preset, not {' and '.join(given)}")
+    if u.mode == "endpoint" and (not u.url.startswith(("http://", "https://")) or u.hf_path or u.preset):
+        raise ConfigError(f"config.envs.tau2_user.mode='endpoint' needs url (an OpenAI-compatible base URL, e.g. "
+                          f"http://127.0.0.1:8011/v1) and no model: got {', '.join(given) or 'none'}")
+    if u.mode == "none" and given:
+        raise ConfigError(f"config.envs.tau2_user.mode='none' runs without a user: clear {', '.join(given)}")
+    if "user" in cfg.envs.kwargs().get("tau2", {}):
+        raise ConfigError("config.envs.env_kwargs sets tau2's user: configure it in envs.tau2_user instead "
+                          "(mode='endpoint' with url, or mode='model' with hf_path / preset)")
+    for field in ("train", "eval"):
+        spec = getattr(cfg.envs, field)
+        if u.mode == "model" and not given and "tau2" in {s.env for s in registry.parse_task_spec(spec)}:
+            raise ConfigError(f"config.envs.{field}={spec!r} runs tau2, whose user simulator needs a chat model: set "
+                              "envs.tau2_user.hf_path (a local HF chat model dir) or .preset ('tiny': tests), or "
+                              "mode='endpoint' with url; mode='none' runs without a user (telecom solo; retail / "
+                              "airline messages unanswered)")
 
 
 def _check_env_kwargs(text: str) -> None:

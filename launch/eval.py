@@ -24,8 +24,13 @@ the paper's scores (per env, per category, per tag: BFCL's difficulty tiers
 `--list-tasks` prints the set, one task a line (env, task_id, category and its tags; with
 --json one JSON object each: env, task_id, category), and exits. The overrides also set how the model is run (sampling
 `rollout.temperature`, turns `eval.max_turns`, lengths `rollout.max_new_tokens` /
-`eval.max_len`, thinking `rollout.enable_thinking`, env options `envs.env_kwargs`); with
-`--checkpoint` they apply to the checkpoint's own config.
+`eval.max_len`, thinking `rollout.enable_thinking`, env options `envs.env_kwargs`, tau2's user
+simulator `envs.tau2_user`); with `--checkpoint` they apply to the checkpoint's own config.
+tau2 with the model policy needs its user (a config naming none is refused in one line), e.g.
+`--config rwml_policy_tau2.py --hf DIR --config.envs.tau2_user.hf_path=USER_DIR --policy model`;
+the gold policy replays without one. An env evaluated on several splits is also reported per
+split: `--config rwml_policy.py` gives `eval/success_alfworld/valid_seen` (in-distribution)
+and `.../valid_unseen` (out-of-distribution).
 """
 
 from __future__ import annotations

@@ -5,8 +5,10 @@
 
 Routes: `POST /v1/chat/completions` (concurrent requests batched into the sampler's slots;
 `"stream": true` gives server-sent chunks) and `GET /v1/models`. For environments that need a
-second model, e.g. tau2-bench's user simulator: `--config.envs.env_kwargs='{"tau2": {"user":
-"http://127.0.0.1:8011/v1"}}'` (see jaxscaffold/envs/tau2.py).
+second model, e.g. tau2-bench's user simulator, on another accelerator or host than the
+trainer's: `--config.envs.tau2_user.mode=endpoint --config.envs.tau2_user.url=http://127.0.0.1:8011/v1`
+(by default, `envs.tau2_user.mode=model`, the trainer serves the user model itself in its own
+process: jaxscaffold/train/user_model.py).
 """
 
 from __future__ import annotations

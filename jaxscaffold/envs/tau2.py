@@ -22,7 +22,8 @@ Episode (one tau2 task):
   * Text goes to the user simulator, a constructor argument `user(messages) -> reply`: chat
     messages in (OpenAI-style dicts from the user's point of view: tau2's user system prompt,
     then the agent's messages as "user" and the user's own replies as "assistant"), reply
-    text out. Where the user has tools (telecom: the phone), the reply may hold `<tool_call>`
+    text out. In a run it is `config.envs.tau2_user`'s model behind a loopback endpoint
+    (`envs.chat_user.ChatEndpointUser`; `jaxscaffold.train.user_model` serves it). Where the user has tools (telecom: the phone), the reply may hold `<tool_call>`
     blocks; they run as the user's tools and the results go back to the user until it answers
     in text. A reply with ``###STOP###``, ``###TRANSFER###`` or ``###OUT-OF-SCOPE###`` ends the
     episode (tau2's USER_STOP).
@@ -79,6 +80,7 @@ from tau2.user.user_simulator import UserSimulator  # noqa: E402
 from jaxscaffold.envs.base import EnvError, Observation, StepResult, Task  # noqa: E402
 from jaxscaffold.envs.actions import strip_reasoning  # noqa: E402
 from jaxscaffold.envs.bfcl_calls import ParsedCall, parse_qwen_calls  # noqa: E402
+from jaxscaffold.envs.chat_user import ChatEndpointUser  # noqa: E402  (also importable from here)
 from jaxscaffold.envs.prompts import tau2_system_prompt  # noqa: E402
 
 NAME = "tau2"
@@ -258,29 +260,6 @@ def _compact(record: Any, limit: int = _MAX_RECORD_CHARS) -> str:
         data = dict(sorted(data.items(), key=lambda kv: isinstance(kv[1], (dict, list))))
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-class ChatEndpointUser:
-    """A user simulator behind an OpenAI-compatible chat endpoint (e.g. a local vLLM or our
-    server on 127.0.0.1): `user(messages) -> reply text`. Picklable, so it can be passed to
-    pool workers in `env_kwargs`. Uses only the standard library."""
-
-    def __init__(self, base_url: str = "http://127.0.0.1:8000/v1", model: str = "default", *,
-                 temperature: float = 0.0, max_tokens: int = 1024, timeout_s: float = 120.0):
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model, self.temperature, self.max_tokens = model, temperature, max_tokens
-        self.timeout_s = timeout_s
-
-    def __call__(self, messages: list[dict]) -> str:
-        import urllib.request
-        body = json.dumps({"model": self.model, "messages": messages,
-                           "temperature": self.temperature,
-                           "max_tokens": self.max_tokens}).encode()
-        req = urllib.request.Request(self.url, data=body,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-            out = json.loads(resp.read().decode())
-        return out["choices"][0]["message"].get("content") or ""
 
 
 # ------------------------------------------------------------------------------------ env

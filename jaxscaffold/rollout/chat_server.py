@@ -1,8 +1,9 @@
 """An OpenAI-compatible chat endpoint on loopback, served by our sampler with a local model.
 
 Environments that need a second model, such as tau2-bench's user simulator, run in pool
-worker processes; they reach the model through `POST /v1/chat/completions` (the
-`jaxscaffold.envs.tau2.ChatEndpointUser` client, or any OpenAI-style client); `GET /v1/models`
+worker processes (or in process); they reach the model through `POST /v1/chat/completions` (the
+`jaxscaffold.envs.chat_user.ChatEndpointUser` client, or any OpenAI-style client; a run's tau2
+user is served so by `jaxscaffold.train.user_model`); `GET /v1/models`
 names the model. Concurrent requests are batched: one thread runs the sampler, taking up to
 `slots` waiting requests of the same sampling settings into one generation (a reply does not
 depend on its batch-mates: the sampler is batch-invariant), so a pool of envs is served

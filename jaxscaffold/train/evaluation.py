@@ -1,5 +1,6 @@
 """The scores an evaluation reports, as the FEE paper's table does: success per env, per
-category of each env (ScienceWorld task type, BFCL category) and `score`, the mean over the
+category of each env (ScienceWorld task type, BFCL category, tau2 domain), per split where an
+env ran several (ALFWorld in- and out-of-distribution, as the RWML paper's table) and `score`, the mean over the
 paper's items: each of BFCL's categories and every other env as a whole (with ScienceWorld and
 BFCL, the five-item average of its headline numbers); beside them the success of each tag
 (`Task.tags`: BFCL's difficulty tiers, the paper's stratified analysis). Computed from JSON episode summaries
@@ -26,6 +27,28 @@ def category_key(prefix: str, env: str, category: str) -> str:
     return f"{prefix}/success_{env}/{category}"
 
 
+def breakdown(ok: Sequence[dict], prefix: str) -> dict[str, float]:
+    """Success of episodes that ran, per env (`env_key`), per category of each env
+    (`category_key`: ScienceWorld task type, BFCL category, tau2 domain) and, for an env run on
+    more than one split, per split (`category_key` with the split: ALFWorld's
+    `success_alfworld/valid_seen` in-distribution and `.../valid_unseen` out-of-distribution),
+    and per tag (`Task.tags`: BFCL's `tier_easy|medium|hard`)."""
+    out: dict[str, float] = {}
+    for env in sorted({e["env"] for e in ok}):
+        sub = [e for e in ok if e["env"] == env]
+        out[env_key(prefix, env)] = float(np.mean([e["won"] for e in sub]))
+        for field in ("category", "split"):
+            values = {e.get(field, "") for e in sub} - {""}
+            if field == "split" and len(values) < 2:
+                continue
+            for v in values:
+                out[category_key(prefix, env, v)] = float(np.mean([e["won"] for e in sub if e.get(field, "") == v]))
+        # Tags (e.g. BFCL's difficulty tiers) get a success each, like categories, outside the score.
+        for tag in sorted({t for e in sub for t in e.get("tags", ())}):
+            out[category_key(prefix, env, tag)] = float(np.mean([e["won"] for e in sub if tag in e.get("tags", ())]))
+    return out
+
+
 def score_items(envs_categories: dict[str, Sequence[str]], prefix: str) -> list[str]:
     """The metrics `score` averages, for the envs (and their categories) an evaluation ran."""
     items = []
@@ -46,20 +69,10 @@ def score_metrics(summaries: Sequence[dict], prefix: str = "eval") -> dict[str, 
     ok = [e for e in summaries if not e["failed"]]
     if not ok:
         return {}
-    out: dict[str, float] = {}
+    out = breakdown(ok, prefix)
     cats: dict[str, set[str]] = {}
     for e in ok:
         cats.setdefault(e["env"], set()).add(e.get("category", ""))
-    for env, names in cats.items():
-        out[env_key(prefix, env)] = float(np.mean([e["won"] for e in ok if e["env"] == env]))
-        for c in names - {""}:
-            out[category_key(prefix, env, c)] = float(np.mean([e["won"] for e in ok
-                                                               if e["env"] == env and e.get("category", "") == c]))
-    # Tags (e.g. BFCL's difficulty tiers) get a success each, like categories, outside the score.
-    tags = {(e["env"], tag) for e in ok for tag in e.get("tags", ())}
-    for env, tag in sorted(tags):
-        out[category_key(prefix, env, tag)] = float(np.mean([e["won"] for e in ok
-                                                             if e["env"] == env and tag in e.get("tags", ())]))
     items = score_items({env: sorted(names) for env, names in cats.items()}, prefix)
     out[f"{prefix}/score"] = float(np.mean([out[k] for k in items]))
     return out

@@ -1,5 +1,6 @@
-"""Rollout metrics: success, reward, lengths, per-env success, feedback counts and the share
-of informative groups, computed from JSON episode summaries (what processes exchange)."""
+"""Rollout metrics: success, reward, lengths, success per env, category and split
+(`evaluation.breakdown`), feedback counts and the share of informative groups, computed from
+JSON episode summaries (what processes exchange)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from jaxscaffold.feedback import schedule as schedule_lib
 from jaxscaffold.rl.advantages import informative
+from jaxscaffold.train.evaluation import breakdown
 from jaxscaffold.train.multihost import allgather_json
 from jaxscaffold.episodes.episode import Episode
 
@@ -19,7 +21,7 @@ def episode_summaries(episodes: Sequence[Episode]) -> list[dict]:
     for e in episodes:
         rollout = seen[e.group] = seen.get(e.group, -1) + 1  # the episode's index in its group
         out.append({"group": e.group, "rollout": rollout, "task": e.task.task_id, "env": e.task.env,
-                    "category": e.task.category, "tags": list(e.task.tags),
+                    "category": e.task.category, "split": e.task.split, "tags": list(e.task.tags),
                     "failed": e.failure is not None, "reward": float(e.reward), "won": bool(e.won),
                     "steps": e.steps, "truncated": bool(e.truncated),
                     "response_tokens": int(sum(sum(c.assistant_mask) for c in e.training_rows())),
@@ -38,9 +40,7 @@ def summary_metrics(summaries: Sequence[dict], prefix: str) -> dict[str, float]:
     out[f"{prefix}/env_steps"] = float(np.mean([e["steps"] for e in ok]))
     out[f"{prefix}/response_tokens"] = float(np.mean([e["response_tokens"] for e in ok]))
     out[f"{prefix}/truncated"] = float(np.mean([e["truncated"] for e in ok]))
-    for env in sorted({e["env"] for e in ok}):
-        sub = [e for e in ok if e["env"] == env]
-        out[f"{prefix}/success_{env}"] = float(np.mean([e["won"] for e in sub]))
+    out.update(breakdown(ok, prefix))  # per env, per category (tau2's domains), per split
     for kind in schedule_lib.KINDS:
         # Enrichments (one per episode step that got `kind`), and the groups that got any.
         out[f"{prefix}/feedback_{kind}"] = float(sum(k == kind for e in ok for _, k in e["feedback"]))

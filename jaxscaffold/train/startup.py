@@ -2,7 +2,8 @@
 
 `configure_logging` keeps third-party INFO logs (Orbax writes about 50 lines a checkpoint
 through absl) out of the console unless `logging.verbose`; `summary` is the start-up block:
-model and parameter count, dtypes, devices and mesh, envs and their task counts, out_dir.
+model and parameter count, dtypes, devices and mesh, envs and their task counts (and tau2's user
+simulator), out_dir.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import os
 import jax
 
 from jaxscaffold.config import RunConfig
-from jaxscaffold.train.tasks import load_tasks
+from jaxscaffold.train import user_model
+from jaxscaffold.train.tasks import env_names, load_tasks
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -63,6 +65,7 @@ def summary(cfg: RunConfig, mesh, params, *, start: int, changes: dict | None = 
     mesh_shape = " ".join(f"{k}={v}" for k, v in mesh.shape.items())
     evals = (f"{task_counts(cfg.envs.eval, cfg.envs.eval_split, cfg.eval.tasks)} every {cfg.eval.every} steps"
              if cfg.eval.every else "off (eval.every = 0)")
+    run_envs = set(env_names(cfg.envs.train) + env_names(cfg.envs.eval))
     lines = [
         f"run      {os.path.abspath(cfg.out_dir)} ({state}; {cfg.steps} steps, job {cfg.job})",
         f"model    {model}: {n:,} parameters ({_count(n)}), params {m.param_dtype}, compute {m.compute_dtype}"
@@ -73,6 +76,7 @@ def summary(cfg: RunConfig, mesh, params, *, start: int, changes: dict | None = 
         f"train    {task_counts(cfg.envs.train, cfg.envs.train_split)}; {ro.tasks_per_step} tasks x "
         f"{ro.group_size} rollouts a step, {cfg.rl.algorithm}, lr {cfg.rl.lr:g}",
         f"eval     {evals}",
+        *([f"tau2     user {user_model.describe(cfg.envs.tau2_user)}"] if "tau2" in run_envs else []),
         f"logs     {os.path.join(os.path.abspath(cfg.out_dir), 'tb')} (tensorboard --logdir), metrics.jsonl, "
         f"config.json" + (f", wandb {cfg.logging.wandb}" if cfg.logging.wandb != "off" else ""),
     ]

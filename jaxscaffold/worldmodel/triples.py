@@ -14,7 +14,8 @@ class Triple:
     """One transition with everything before it.
 
     `history` holds the (observation, action) pairs of the steps before t; `observation`
-    is s_t, `action` a_t, `next_state` s_t+1 (the env's own text, without feedback).
+    is s_t, `action` a_t, `next_state` s_t+1 (the env's own text, without feedback);
+    `category` the task's (`Task.category`: tau2's domain, ALFWorld's task type), for metrics.
     """
 
     env: str
@@ -23,9 +24,11 @@ class Triple:
     observation: str
     action: str
     next_state: str
+    category: str = ""  # (a default: triples saved before it load)
 
     def key(self) -> str:
-        """Identity for deduplication: the same transition after the same history."""
+        """Identity for deduplication: the same transition after the same history (the
+        category follows from the task, so it is not part of it)."""
         blob = json.dumps([self.env, self.task_id, self.history, self.observation, self.action, self.next_state])
         return hashlib.sha1(blob.encode()).hexdigest()
 
@@ -35,10 +38,11 @@ class Triple:
     @classmethod
     def from_json(cls, d: dict) -> "Triple":
         return cls(d["env"], d["task_id"], tuple((o, a) for o, a in d["history"]), d["observation"],
-                   d["action"], d["next_state"])
+                   d["action"], d["next_state"], d.get("category", ""))
 
 
-def from_trajectory(env: str, task_id: str, observations: Sequence[str], actions: Sequence[str]) -> list[Triple]:
+def from_trajectory(env: str, task_id: str, observations: Sequence[str], actions: Sequence[str],
+                    category: str = "") -> list[Triple]:
     """observations o_0..o_n and actions a_0..a_n-1 (o_k+1 answers a_k) -> n triples.
 
     A trajectory cut short (an infrastructure failure) has fewer observations than actions;
@@ -48,7 +52,7 @@ def from_trajectory(env: str, task_id: str, observations: Sequence[str], actions
     out = []
     for t in range(n):
         history = tuple(zip(observations[:t], actions[:t]))
-        out.append(Triple(env, task_id, history, observations[t], actions[t], observations[t + 1]))
+        out.append(Triple(env, task_id, history, observations[t], actions[t], observations[t + 1], category))
     return out
 
 

@@ -73,3 +73,35 @@ def test_training_evaluation_reports_bfcl_tiers_from_episode_summaries():
         else:
             assert f"eval/success_bfcl/tier_{tier}" not in m
     assert m["eval/score"] == pytest.approx(4 / 12)  # one category (base) only: 4 won of 12
+
+
+def _split(episodes, split):
+    return [dict(e, split=split) for e in episodes]
+
+
+def test_an_env_on_two_splits_is_also_reported_per_split():
+    """ALFWorld's in- (valid_seen) and out-of-distribution (valid_unseen) sets in one
+    evaluation: each split's own success beside the pooled env and its categories."""
+    summaries = (_split(_episodes("alfworld", "pick_and_place_simple", 3, 1), "valid_seen")
+                 + _split(_episodes("alfworld", "pick_and_place_simple", 0, 2, failed=1), "valid_unseen")
+                 + _split(_episodes("alfworld", "look_at_obj_in_light", 1, 1), "valid_unseen"))
+    m = score_metrics(summaries)
+    # By hand: valid_seen 3/4; valid_unseen 1/4 (the failed episode does not count); pooled 4/8.
+    assert m["eval/success_alfworld/valid_seen"] == pytest.approx(0.75)
+    assert m["eval/success_alfworld/valid_unseen"] == pytest.approx(0.25)
+    assert m["eval/success_alfworld"] == pytest.approx(0.5) and m["eval/score"] == pytest.approx(0.5)
+    assert m["eval/success_alfworld/pick_and_place_simple"] == pytest.approx(0.5)
+    one = score_metrics(_split(_episodes("alfworld", "pick_and_place_simple", 1, 1), "valid_seen"))
+    assert "eval/success_alfworld/valid_seen" not in one  # one split: the env's success says it
+
+
+def test_training_rollouts_report_tau2_per_domain():
+    from jaxscaffold.train.metrics import summary_metrics
+    rows = [dict(e, group=0, reward=float(e["won"]), steps=3, truncated=False, response_tokens=5, feedback=[],
+                 split="train")
+            for e in _episodes("tau2", "retail", 2, 2) + _episodes("tau2", "airline", 0, 1)
+            + _episodes("tau2", "telecom", 1, 0, failed=1)]
+    m = summary_metrics(rows, "rollout")
+    assert {k: m[f"rollout/success_tau2/{k}"] for k in ("retail", "airline", "telecom")} == {
+        "retail": 0.5, "airline": 0.0, "telecom": 1.0}
+    assert m["rollout/success_tau2"] == pytest.approx(3 / 6) and m["rollout/infra_failures"] == 1.0

@@ -28,3 +28,16 @@ def test_save_and_load_round_trip(tmp_path):
     T.save(str(tmp_path / "t.jsonl"), ts, split=["train", "heldout"], kept=[True, False])
     back, cols = T.load(str(tmp_path / "t.jsonl"))
     assert back == ts and cols == [{"split": "train", "kept": True}, {"split": "heldout", "kept": False}]
+
+
+def test_triples_keep_their_task_category_and_older_files_load(tmp_path):
+    import json
+    ts = T.from_trajectory("tau2", "retail/5", ["o0", "o1", "o2"], ["a0", "a1"], category="retail")
+    assert {t.category for t in ts} == {"retail"}
+    assert ts[0].key() == T.from_trajectory("tau2", "retail/5", ["o0", "o1"], ["a0"])[0].key()  # not identity
+    T.save(str(tmp_path / "t.jsonl"), ts, split=["train", "train"])
+    back, cols = T.load(str(tmp_path / "t.jsonl"))
+    assert back == ts and cols == [{"split": "train"}] * 2
+    old = {k: v for k, v in ts[0].to_json().items() if k != "category"}  # a file written before the field
+    (tmp_path / "old.jsonl").write_text(json.dumps(old) + "\n")
+    assert T.load(str(tmp_path / "old.jsonl"))[0][0].category == ""

@@ -39,6 +39,7 @@ from jaxscaffold.rollout.sampling import GREEDY, SamplingConfig
 from jaxscaffold.train.batching import build_batch
 from jaxscaffold.train.checkpoint import Checkpointer
 from jaxscaffold.train.envs import make_envs
+from jaxscaffold.train.evaluation import breakdown
 from jaxscaffold.train.export import export_checkpoint
 from jaxscaffold.train.job import Job, build_job
 from jaxscaffold.train.logger import MetricLogger
@@ -158,7 +159,8 @@ def prepare_data(job: Job, params, reward_fn) -> WorldModelData:
         envs.close()
     failures = sum(e.failure is not None for e in episodes)
     raw = [t for e in episodes
-           for t in triples_lib.from_trajectory(e.task.env, e.task.task_id, e.observations, e.actions)]
+           for t in triples_lib.from_trajectory(e.task.env, e.task.task_id, e.observations, e.actions,
+                                                e.task.category)]
     unique = triples_lib.dedupe(raw)
     stats = {**triples_lib.statistics(raw, unique), "triples/infra_failures": float(failures)}
     # An empty next state (e.g. an episode's last step in some envs) can never be predicted
@@ -312,7 +314,7 @@ def _judge_chat(job: Job):
 
 
 def _task_of(t: Triple) -> Task:
-    return Task(env="worldmodel", task_id=t.key()[:16], split="train", spec={"env": t.env})
+    return Task(env="worldmodel", task_id=t.key()[:16], split="train", spec={"env": t.env}, category=t.category)
 
 
 class WorldModelWorkload:
@@ -365,9 +367,13 @@ class WorldModelWorkload:
         rewards, distances, counts = self.reward_fn([a for _, a in answers], [t.next_state for t in heldout],
                                                     w.tau_d)
         parts = allgather_json([[float(r), float(d)] for r, d in zip(rewards, distances)])
+        # Accuracy per category too (tau2's domains): `eval/success_worldmodel/retail`.
+        mine = [{"env": "worldmodel", "category": t.category, "won": bool(r > 0), "failed": False}
+                for t, r in zip(heldout, rewards)]
+        summaries = [s for part in allgather_json(mine) for s in part]
         rewards, distances = np.asarray([x for part in parts for x in part]).reshape(-1, 2).T
-        return {"eval/success": float(rewards.mean()), **_distance_metrics(distances, w.tau_d, "eval"),
-                **_chunk_metrics(counts, "eval")}
+        return {"eval/success": float(rewards.mean()), **breakdown(summaries, "eval"),
+                **_distance_metrics(distances, w.tau_d, "eval"), **_chunk_metrics(counts, "eval")}
 
     def total_steps(self, configured: int) -> int:
         """`rwml.epochs` passes over the filtered training triples (`configured` when 0)."""
