@@ -61,3 +61,29 @@ def pytest_collection_modifyitems(items):
     ones start early and the short ones fill in at the end, instead of one worker finishing a
     long test alone while the other idles."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+# XLA:CPU's compiler crashes now and then inside a long-lived pytest-xdist worker (a segfault
+# or an abort in `backend_compile_and_load`, without an XLA message): about one test in a
+# full -n 2 run, a different one each time (a plan compile, a Qwen2.5 sampler, a stacked-window
+# sampler), never reproduced in a process of its own. Such a test is run once more, in a fresh
+# worker, and reported as "rerun"; a second crash fails it. The cause is not found.
+_CRASH_RERUNS: set[str] = set()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched):
+    if crashitem in _CRASH_RERUNS:
+        return None
+    _CRASH_RERUNS.add(crashitem)
+    print(f"\nworker crashed in {crashitem}: running it once more in a fresh worker", file=sys.stderr)
+    sched.mark_test_pending(crashitem)
+    report.outcome = "rerun"
+    return True
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_report_teststatus(report):
+    if report.outcome == "rerun":
+        return "rerun", "R", "RERUN"
+    return None
