@@ -681,6 +681,17 @@ def config_path(value: str, configs_dir: str) -> str:
     raise ConfigError(f"no config {value!r} (not a file, not in configs/: {', '.join(names)})")
 
 
+def config_name(argv: Sequence[str]) -> str | None:
+    """The value of --config in `argv`, as `from_command_line` reads it (which takes it out of
+    the arguments it returns): launchers that record which config a run came from."""
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--config="):
+            return arg[len("--config="):]
+    return None
+
+
 def from_command_line(argv: Sequence[str], configs_dir: str) -> tuple[RunConfig | None, list[str], bool]:
     """(the checked config of `--config NAME` and its `--config.a.b=v` overrides, or None when
     no --config is given; the other arguments, for the caller; whether --help / -h was given)."""

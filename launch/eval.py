@@ -135,16 +135,6 @@ def run_model(args, tasks, base=None, overrides: list[str] = ()) -> list[dict]:
     return [record(e, job.tokenizer) for e in episodes]
 
 
-def config_name(argv: list[str]) -> str | None:
-    """The value of --config in `argv` (`config.from_command_line` takes it out of the rest)."""
-    for i, arg in enumerate(argv):
-        if arg == "--config" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--config="):
-            return arg[len("--config="):]
-    return None
-
-
 def main(argv: list[str] | None = None) -> None:
     from jaxscaffold import config as config_lib
     try:
@@ -165,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="", help="write every episode with its trajectory as JSON lines")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(rest + (["--help"] if show_help else []))
-    args.config = config_name(sys.argv[1:] if argv is None else argv)
+    args.config = config_lib.config_name(sys.argv[1:] if argv is None else argv)
     if base is None and not (args.env and args.split):
         fail("give --config NAME_OR_PATH, or --env and --split")
     if base is not None and (args.env or args.split or args.limit):

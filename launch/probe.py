@@ -74,16 +74,6 @@ def from_hf(path: str, compute_dtype: str):
     return params, config, load_tokenizer(path if has_tokenizer else None)
 
 
-def config_name(argv: list[str]) -> str | None:
-    """The value of --config in `argv` (`config.from_command_line` takes it out of the rest)."""
-    for i, arg in enumerate(argv):
-        if arg == "--config" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--config="):
-            return arg[len("--config="):]
-    return None
-
-
 def main(argv: list[str] | None = None) -> None:
     from jaxscaffold import config as config_lib
     argv = sys.argv[1:] if argv is None else argv
@@ -116,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
             source = {"model": args.model}
         else:
             params, config, tokenizer = from_config(base)
-            source = {"config": config_name(argv)}
+            source = {"config": config_lib.config_name(argv)}
         report = probe_report(params, config, tokenizer, cases)
     except (CheckpointNotFound, CheckpointCorrupt, CheckpointError, config_lib.ConfigError, EnvError, ValueError) as e:
         fail(str(e).splitlines()[0] if str(e) else type(e).__name__)

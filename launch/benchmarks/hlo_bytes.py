@@ -209,6 +209,27 @@ def _inline(comps, name: str, prefix: str = "", args: list[str] | None = None) -
     return out, root
 
 
+class UnsupportedHlo(ValueError):
+    """An op whose bytes XLA's rules leave undefined here (a conditional, a custom call):
+    the count refuses the module rather than guess."""
+
+
+def _indexed_bytes(inst: Instruction, size) -> int | None:
+    """XLA's rules for the ops that read or write through indices (a tuple: its pointers),
+    where they differ from "operands + output"; None for every other op."""
+    op = inst.opcode
+    if op == "tuple":
+        return shape_bytes(inst.shape)
+    if op == "dynamic-update-slice":  # in place: the update read and written, the indices read
+        return 2 * size(inst.operands[1]) + size(inst.operands[2])
+    if op == "gather":
+        return 2 * shape_bytes(inst.shape) + size(inst.operands[1])
+    if op == "scatter":
+        k = (len(inst.operands) - 1) // 2
+        return 3 * sum(size(u) for u in inst.operands[k + 1:]) + size(inst.operands[k])
+    return None
+
+
 def _fused_bytes(insts: list[Instruction], counted: Counted, times: float, visit_loop) -> None:
     """Bytes of a call-free instruction list under loop fusion: an elementwise op or view all of
     whose users are elementwise ops, views or reduces writes nothing; every other op (a
@@ -256,16 +277,8 @@ def _fused_bytes(insts: list[Instruction], counted: Counted, times: float, visit
             visit_loop(inst, times)
             continue
         size = lambda name: shape_bytes(by_name[name].shape) if name in by_name else 0  # noqa: E731
-        if op == "tuple":
-            n = shape_bytes(inst.shape)
-        elif op == "dynamic-update-slice":
-            n = 2 * size(inst.operands[1]) + size(inst.operands[2])
-        elif op == "gather":
-            n = 2 * shape_bytes(inst.shape) + size(inst.operands[1])
-        elif op == "scatter":
-            k = (len(inst.operands) - 1) // 2
-            n = 3 * sum(size(u) for u in inst.operands[k + 1:]) + size(inst.operands[k])
-        else:
+        n = _indexed_bytes(inst, size)
+        if n is None:
             acc: dict = {}
             seen: set = set()
             for o in inst.operands:
@@ -304,24 +317,16 @@ def bytes_accessed(text: str, *, loops: bool = False, fused: bool = False, fusio
                 visit_loop(inst, times)
                 continue
             if op == "conditional":
-                raise NotImplementedError("conditional: XLA takes the costliest branch per property")
+                raise UnsupportedHlo("conditional: XLA takes the costliest branch per property")
             if op == "custom-call":
-                raise NotImplementedError(f"custom-call {inst.name}: XLA counts it as unknown (-1)")
-            if op == "tuple":
-                n = shape_bytes(inst.shape)
-            elif fused and op in ("slice", "dynamic-slice", "reshape"):
-                n = 0
-            elif op in ("slice", "dynamic-slice"):
+                raise UnsupportedHlo(f"custom-call {inst.name}: XLA counts it as unknown (-1)")
+            n = _indexed_bytes(inst, size)
+            if n is None and op in ("slice", "dynamic-slice", "reshape") and fused:
+                n = 0  # views, read in place by their consumers
+            elif n is None and op in ("slice", "dynamic-slice"):
                 index = size(inst.operands[1]) if op == "dynamic-slice" else 0
                 n = 2 * shape_bytes(inst.shape) + index
-            elif op == "dynamic-update-slice":
-                n = 2 * size(inst.operands[1]) + size(inst.operands[2])
-            elif op == "gather":
-                n = 2 * shape_bytes(inst.shape) + size(inst.operands[1])
-            elif op == "scatter":
-                k = (len(inst.operands) - 1) // 2
-                n = 3 * sum(size(u) for u in inst.operands[k + 1:]) + size(inst.operands[k])
-            else:
+            elif n is None:
                 n = shape_bytes(inst.shape) + sum(size(o) for o in inst.operands)
             counted.add(op, n * times)
 
