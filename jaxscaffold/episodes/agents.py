@@ -17,6 +17,7 @@ commands); the model agent reads only what it is shown.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import logging
 from typing import Mapping, Protocol, Sequence
@@ -141,7 +142,7 @@ class ModelAgent:
                 ep.conversation = self.mt.conversations[i]
 
 
-class ScriptedAgent:
+class ScriptedAgent(abc.ABC):
     """Base of the per-episode scripted agents: `begin(i, episode, first)` at the start,
     `action(i, observation)` each step (the latest observation); no token rows."""
 
@@ -167,8 +168,9 @@ class ScriptedAgent:
     def begin(self, i: int, episode: Episode, first: Observation) -> None:
         pass
 
+    @abc.abstractmethod
     def action(self, i: int, obs: Observation) -> str:
-        raise NotImplementedError
+        """The action text episode `i` takes after observation `obs`."""
 
 
 class GoldAgent(ScriptedAgent):
