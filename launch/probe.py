@@ -32,37 +32,20 @@ def fail(message: str) -> None:
 
 
 def from_checkpoint(path: str, step: int | None):
-    """(params, model config, tokenizer, step) of a run's checkpoint (its out_dir or checkpoints/):
-    the run's own config builds the job the state is read into; LoRA's adapters are merged."""
-    from ml_collections import ConfigDict
-
-    from jaxscaffold import config as config_lib
-    from jaxscaffold.train.checkpoint import Checkpointer, CheckpointNotFound, saved_steps
-    from jaxscaffold.train.job import build_job
-    directory = path if os.path.basename(os.path.normpath(path)) == "checkpoints" else os.path.join(path, "checkpoints")
-    steps = saved_steps(directory)  # before Checkpointer, which would create the directory
-    if not steps:
-        raise CheckpointNotFound(f"no checkpoint in {path} (expected a run's out_dir or its checkpoints/)")
-    if step is not None and step not in steps:
-        raise CheckpointNotFound(f"no checkpoint for step {step} in {path} (have {steps})")
-    ckpt = Checkpointer(directory, async_save=False)
-    try:
-        step = steps[-1] if step is None else step
-        cfg = config_lib.from_configdict(ConfigDict(ckpt.restore_extra(step)["config"]))
-        job, state = build_job(config_lib.replace(cfg, **{"mesh.devices": 1}))
-        state, _ = ckpt.read(state, step)
-    finally:
-        ckpt.close()
-    return job.policy_params(state.params), job.model_config, job.tokenizer, step
+    """(params, model config, tokenizer, step) of a run's checkpoint (its out_dir, checkpoints/
+    or params/): the parameters alone, LoRA's adapters merged, f32 compute."""
+    from jaxscaffold.train.export import read_policy
+    from jaxscaffold.train.job import run_tokenizer
+    cfg, config, params, step = read_policy(path, step)
+    return params, config, run_tokenizer(cfg.model), step
 
 
 def from_config(cfg):
     """(params, model config, tokenizer) of a config's model before training (its HF
     checkpoint, or its preset's seeded init)."""
-    from jaxscaffold.models.tokenizer import load_tokenizer
-    from jaxscaffold.train.job import build_model, tokenizer_path
+    from jaxscaffold.train.job import build_model, run_tokenizer
     config, params = build_model(cfg, None)
-    return params, config, load_tokenizer(tokenizer_path(cfg.model))
+    return params, config, run_tokenizer(cfg.model)
 
 
 def from_hf(path: str, compute_dtype: str):
@@ -82,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     except config_lib.ConfigError as e:
         fail(str(e))
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", default="", help="a training run's out_dir (or its checkpoints/)")
+    p.add_argument("--checkpoint", default="", help="a training run's out_dir (or its checkpoints/ or params/)")
     p.add_argument("--step", type=int, default=None, help="its checkpoint step (default: the latest)")
     p.add_argument("--model", default="", help="an HF model directory")
     p.add_argument("--config", help="a config (name in configs/ or path): its model before training")

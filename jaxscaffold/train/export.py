@@ -137,6 +137,21 @@ def _policy_params(ckpt, step, cfg, config, lora) -> dict:
     return lora_lib.merge(base, params, lora)
 
 
+def read_policy(checkpoint: str, step: int | None = None):
+    """(run config, model config, the trained policy's full parameters in memory, step) of a
+    run's checkpoint (`checkpoint` as in `export_checkpoint`): the parameters alone, never the
+    optimizer state, LoRA's merged with the base; the model config as the export writes it."""
+    directory, step = find_params(checkpoint, step)
+    ckpt = Checkpointer(directory, async_save=False)
+    try:
+        cfg = config_lib.typed(saved_config(ckpt, step))
+        config = _model_config(cfg)
+        params = _policy_params(ckpt, step, cfg, config, lora_config(cfg.lora))
+    finally:
+        ckpt.close()
+    return cfg, config, params, step
+
+
 def check(out: str, config, params, seq_len: int = 16) -> float:
     """Max |logits(ours) - logits(transformers reload)| on a random batch."""
     import torch
