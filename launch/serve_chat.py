@@ -28,14 +28,7 @@ def build_server(args):
                    enable_thinking=args.thinking)
     if args.hf:
         return ChatServer.from_pretrained(args.hf, compute_dtype=args.dtype, model_name=args.hf, **options)
-    import jax
-
-    from jaxscaffold.models import config as model_config, qwen3
-    from jaxscaffold.models.tokenizer import load_tokenizer
-    config = (model_config.tiny(compute_dtype=args.dtype) if args.preset == "tiny"
-              else model_config.preset(args.preset, compute_dtype=args.dtype))
-    params = qwen3.init_params(config, jax.random.key(args.seed))
-    return ChatServer(config, params, load_tokenizer(None), model_name=f"{args.preset}-random", **options)
+    return ChatServer.from_preset(args.preset, seed=args.seed, compute_dtype=args.dtype, **options)
 
 
 def main(argv: list[str] | None = None) -> None:

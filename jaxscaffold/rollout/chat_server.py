@@ -76,9 +76,25 @@ class ChatServer:
         self._threads: list[threading.Thread] = []
 
     @classmethod
-    def from_pretrained(cls, path: str, *, mesh=None, compute_dtype: str = "bfloat16", **kwargs) -> "ChatServer":
-        config, params = hf_io.load_pretrained(path, mesh=mesh, compute_dtype=compute_dtype)
+    def from_pretrained(cls, path: str, *, mesh=None, compute_dtype: str = "bfloat16", dtype: str = "float32",
+                        **kwargs) -> "ChatServer":
+        """A server of the HF checkpoint at `path` (weights in `dtype`, default f32 masters;
+        a server that only samples can hold them in its compute dtype)."""
+        config, params = hf_io.load_pretrained(path, dtype=dtype, mesh=mesh, compute_dtype=compute_dtype)
         return cls(config, params, load_tokenizer(path), **kwargs)
+
+    @classmethod
+    def from_preset(cls, preset: str, *, seed: int = 0, compute_dtype: str = "bfloat16", **kwargs) -> "ChatServer":
+        """A server of a preset's random weights (`tiny`, `qwen3-0.6b`, ...; seeded) with the
+        offline Qwen3 tokenizer: for tests and demos."""
+        import jax
+
+        from jaxscaffold.models import config as model_config, qwen3
+        config = (model_config.tiny(compute_dtype=compute_dtype) if preset.lower() == "tiny"
+                  else model_config.preset(preset, compute_dtype=compute_dtype))
+        params = qwen3.init_params(config, jax.random.key(seed))
+        return cls(config, params, load_tokenizer(None), model_name=kwargs.pop("model_name", f"{preset}-random"),
+                   **kwargs)
 
     @property
     def base_url(self) -> str:

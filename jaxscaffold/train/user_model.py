@@ -37,21 +37,11 @@ def serve(u: Tau2User):
     or a preset's random weights (seeded by `u.seed`) with the offline Qwen3 tokenizer."""
     from jaxscaffold.rollout.chat_server import ChatServer
     options = dict(max_len=u.max_len, slots=u.slots, enable_thinking=u.enable_thinking)
-    if u.hf_path:
-        from jaxscaffold.models import hf_io
-        from jaxscaffold.models.tokenizer import load_tokenizer
-        # Weights in the compute dtype: the user model only samples (no f32 master copy).
-        config, params = hf_io.load_pretrained(u.hf_path, dtype=u.compute_dtype, compute_dtype=u.compute_dtype)
-        server = ChatServer(config, params, load_tokenizer(u.hf_path), model_name=u.hf_path, **options)
+    if u.hf_path:  # weights in the compute dtype: the user model only samples (no f32 master copy)
+        server = ChatServer.from_pretrained(u.hf_path, compute_dtype=u.compute_dtype, dtype=u.compute_dtype,
+                                            model_name=u.hf_path, **options)
     else:
-        import jax
-
-        from jaxscaffold.models import config as model_config, qwen3
-        from jaxscaffold.models.tokenizer import load_tokenizer
-        config = (model_config.tiny(compute_dtype=u.compute_dtype) if u.preset.lower() == "tiny"
-                  else model_config.preset(u.preset, compute_dtype=u.compute_dtype))
-        params = qwen3.init_params(config, jax.random.key(u.seed))
-        server = ChatServer(config, params, load_tokenizer(None), model_name=f"{u.preset}-random", **options)
+        server = ChatServer.from_preset(u.preset, seed=u.seed, compute_dtype=u.compute_dtype, **options)
     return server.start()
 
 
