@@ -180,11 +180,11 @@ def catalogue(split: str, *, categories: Sequence[str] = CATEGORIES,
             dom = domain(e["involved_classes"])
             if cross_domain and not (dom and set(dom) <= set(allowed)):
                 continue
+            level = tier(answers[i])
             tasks.append(Task(env="bfcl", task_id=e["id"], split=split, spec={
                 "category": category, "index": i, "entry_id": e["id"],
                 "involved_classes": list(e["involved_classes"]), "domain": list(dom),
-                "num_turns": len(e["question"]), "tier": tier(answers[i])}, category=category,
-                tags=(f"tier_{tier(answers[i])}",)))
+                "num_turns": len(e["question"]), "tier": level}, category=category, tags=(f"tier_{level}",)))
     return tasks
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from jaxscaffold.models.tokenizer import Tokenizer
 
@@ -76,8 +76,3 @@ class WordTokenizer(Tokenizer):
 def padded_vocab_size(tokenizer: Tokenizer, multiple: int = 64) -> int:
     """Embedding rows for `tokenizer`: its size rounded up (ids past it decode to nothing)."""
     return -(-tokenizer.vocab_size // multiple) * multiple
-
-
-def vocabulary_words(texts: Sequence[str]) -> tuple[str, ...]:
-    """The sorted letter-words of `texts` (what a `WordTokenizer` built from them knows)."""
-    return tuple(sorted({w for t in texts for w in _WORD.findall(t)}))

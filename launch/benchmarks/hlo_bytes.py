@@ -321,7 +321,7 @@ def bytes_accessed(text: str, *, loops: bool = False, fused: bool = False, fusio
             if op == "custom-call":
                 raise UnsupportedHlo(f"custom-call {inst.name}: XLA counts it as unknown (-1)")
             n = _indexed_bytes(inst, size)
-            if n is None and op in ("slice", "dynamic-slice", "reshape") and fused:
+            if n is None and op in _VIEWS and fused:
                 n = 0  # views, read in place by their consumers
             elif n is None and op in ("slice", "dynamic-slice"):
                 index = size(inst.operands[1]) if op == "dynamic-slice" else 0
