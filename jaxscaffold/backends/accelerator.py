@@ -19,13 +19,6 @@ from jaxscaffold.models import attention, qwen3
 from jaxscaffold.models.config import Qwen3Config
 
 
-def _scatter_kv(buf_LBGSK, new_LBTGK, slots_BT):
-    """Every layer's new keys or values written into the stacked cache (in place when donated)."""
-    new = jnp.moveaxis(new_LBTGK.astype(buf_LBGSK.dtype), 0, 2)  # advanced indices (b, slots) lead
-    b = jnp.arange(slots_BT.shape[0])[:, None]
-    return buf_LBGSK.at[slice(None), b, slice(None), slots_BT].set(new, mode="drop")
-
-
 def windowed_hidden_states(params, config: Qwen3Config, tokens_BT, *, segment_ids_BT, cache: qwen3.KVCache,
                            window: int):
     """`qwen3.hidden_states` with a stacked cache, attending over its first `window` slots
@@ -79,7 +72,7 @@ def windowed_hidden_states(params, config: Qwen3Config, tokens_BT, *, segment_id
             outs.append(out)
         k_new, v_new = (jnp.stack(a) for a in zip(*outs))
     h = qwen3.rms_norm(x, params["final_norm"], c.rms_norm_eps)
-    k, v = _scatter_kv(cache.k, k_new, slots), _scatter_kv(cache.v, v_new, slots)
+    k, v = qwen3.scatter_kv(cache.k, k_new, slots), qwen3.scatter_kv(cache.v, v_new, slots)
     return h, qwen3.KVCache(k=k, v=v, segment_ids=segments, lengths=lengths)
 
 

@@ -14,6 +14,7 @@ whole model (unless a dimension does not divide, see `local_rules`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import jax
@@ -38,6 +39,7 @@ def _devices_of(process: int) -> list:
     return [d for d in jax.devices() if d.process_index == process]
 
 
+@functools.cache
 def process_rows_mesh() -> Mesh:
     """Every device, one `data` row per process (in process order), each row that process's
     local devices over `tensor` in `local_mesh`'s order: a global mesh whose per-process

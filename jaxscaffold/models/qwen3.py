@@ -156,7 +156,7 @@ def scatter_rows(buf_BS, new_BT, slots_BT):
     return buf_BS.at[b, slots_BT].set(new_BT.astype(buf_BS.dtype), mode="drop")
 
 
-def _scatter_kv(buf_LBGSK, new_LBTGK, slots_BT):
+def scatter_kv(buf_LBGSK, new_LBTGK, slots_BT):
     """Writes every layer's new keys or values into a stacked cache buffer."""
     new = jnp.moveaxis(new_LBTGK.astype(buf_LBGSK.dtype), 0, 2)  # advanced indices (b, slots) lead
     b = jnp.arange(slots_BT.shape[0])[:, None]
@@ -359,7 +359,7 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
     if cache is None:
         return h
     # Every layer's new keys/values in one scatter; padding and overflow are dropped.
-    k, v = _scatter_kv(cache.k, kv_out[0], slots), _scatter_kv(cache.v, kv_out[1], slots)
+    k, v = scatter_kv(cache.k, kv_out[0], slots), scatter_kv(cache.v, kv_out[1], slots)
     return h, KVCache(k=k, v=v, segment_ids=segments, lengths=lengths)
 
 

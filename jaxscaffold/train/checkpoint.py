@@ -77,11 +77,16 @@ class Checkpointer:
     `keep`; None: all)."""
 
     def __init__(self, directory: str, *, keep: int | None = 3, async_save: bool = True,
-                 chunk_bytes: int = CHUNK_BYTES):
+                 chunk_bytes: int = CHUNK_BYTES, reader: bool = False):
+        """`reader`: this process alone reads an existing directory (export, evaluation): no
+        directory is created and no barrier waits for the other processes of a pod, which
+        never reach it when one process exports at the end of a run."""
         self.directory = os.path.abspath(directory)
         self.chunk_bytes = chunk_bytes
+        alone = {} if not reader else {"multiprocessing_options": ocp.options.MultiprocessingOptions(
+            primary_host=jax.process_index(), active_processes={jax.process_index()})}
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
-                                               create=True)
+                                               create=not reader, **alone)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
 
     def save(self, step: int, state: Any, extra: dict) -> None:
@@ -196,7 +201,11 @@ class Checkpointer:
         step = self.latest_step() if step is None else step
         if step is None:
             raise CheckpointNotFound(f"no checkpoint in {self.directory}")
-        return self._manager.restore(step, args=ocp.args.Composite(extra=ocp.args.JsonRestore()))["extra"]
+        self._check_step(step)
+        try:
+            return self._manager.restore(step, args=ocp.args.Composite(extra=ocp.args.JsonRestore()))["extra"]
+        except Exception as e:  # noqa: BLE001  an unreadable JSON document: the step is damaged
+            raise self.read_error(step, e) from None
 
     def delete_after(self, step: int) -> list[int]:
         """Deletes the steps after `step` (a resumed run redoes and saves them again)."""
@@ -278,7 +287,10 @@ class SavedArrays:
             error = None
             for driver in ("zarr", "zarr3"):  # Orbax's default format, then its zarr3 option
                 try:
-                    spec = {"driver": driver, "kvstore": kvstore, "recheck_cached_data": False}
+                    # A missing chunk is an error, not zeros (TensorStore's default fills it; Orbax's
+                    # own read specs turn that off too).
+                    spec = {"driver": driver, "kvstore": kvstore, "recheck_cached_data": False,
+                            "recheck_cached_metadata": False, "fill_missing_data_reads": False}
                     self._open[path] = self._ts.open(spec, open=True, read=True, context=self._context).result()
                     break
                 except Exception as e:  # noqa: BLE001  the other format, or a missing array

@@ -24,7 +24,6 @@ from jaxscaffold.train.checkpoint import (
     CHUNK_BYTES,
     CheckpointCorrupt,
     Checkpointer,
-    CheckpointNotFound,
     find_params,
 )
 from jaxscaffold.train.job import base_dtype, build_model, lora_config, model_config
@@ -38,15 +37,9 @@ def _model_config(cfg):
 
 
 def saved_config(ckpt: Checkpointer, step: int) -> ConfigDict:
-    """The run config a checkpoint step was saved with; one CheckpointCorrupt line if it does
-    not read back."""
-    try:
-        return ConfigDict(ckpt.restore_extra(step)["config"])
-    except (CheckpointNotFound, CheckpointCorrupt):
-        raise
-    except Exception as e:  # noqa: BLE001  an unreadable JSON document: the step is damaged
-        raise CheckpointCorrupt(f"checkpoint step {step} in {ckpt.directory}: its config does not read back "
-                                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    """The run config a checkpoint step was saved with (one CheckpointCorrupt line if it does
+    not read back: `Checkpointer.restore_extra`)."""
+    return ConfigDict(ckpt.restore_extra(step)["config"])
 
 
 def export_checkpoint(checkpoint: str, out: str, *, step: int | None = None, dtype: str | None = None,
@@ -64,7 +57,7 @@ def export_checkpoint(checkpoint: str, out: str, *, step: int | None = None, dty
     `peft_out` also writes the adapters as a PEFT directory (`peft.PeftModel.from_pretrained`
     loads it onto the base)."""
     directory, step = find_params(checkpoint, step)
-    ckpt = Checkpointer(directory, async_save=False)
+    ckpt = Checkpointer(directory, async_save=False, reader=True)
     try:
         cfg = saved_config(ckpt, step)
         config = _model_config(cfg)
@@ -142,7 +135,7 @@ def read_policy(checkpoint: str, step: int | None = None):
     run's checkpoint (`checkpoint` as in `export_checkpoint`): the parameters alone, never the
     optimizer state, LoRA's merged with the base; the model config as the export writes it."""
     directory, step = find_params(checkpoint, step)
-    ckpt = Checkpointer(directory, async_save=False)
+    ckpt = Checkpointer(directory, async_save=False, reader=True)
     try:
         cfg = config_lib.typed(saved_config(ckpt, step))
         config = _model_config(cfg)
