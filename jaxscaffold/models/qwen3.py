@@ -289,7 +289,7 @@ def sequence_attention(config: Qwen3Config, segment_ids_BT) -> Callable:
 
 
 def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=None,
-                  segment_ids_BT=None, cache: KVCache | None = None):
+                  segment_ids_BT=None, cache: KVCache | None = None, window: int | None = None):
     """The final-normed hidden states h_BTD (the embedding model's output).
 
     Args:
@@ -300,6 +300,11 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
         segment). Default: all ones.
       cache: a KVCache; the new tokens (right-padded) are written after each row's length;
         padding is never written, and tokens past the capacity are dropped.
+      window: with a cache, attend over its first `window` slots only (static; they must
+        hold every row's cached tokens: the caller buckets it), so a decode step reads the
+        filled part of the cache, not its capacity. Default: the whole capacity. The same
+        values up to f32 rounding: the slots past the window are empty for every row and get
+        exactly zero weight, but the sums run over fewer terms.
 
     Returns:
       h_BTD, or (h_BTD, new_cache) when a cache is given.
@@ -324,13 +329,18 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
         slots = cache_slots(segment_ids_BT, cache.lengths, cache.segment_ids.shape[1])
         segments = scatter_rows(cache.segment_ids, segment_ids_BT, slots)
         lengths = cache.lengths + jnp.sum(segment_ids_BT != 0, axis=1).astype(jnp.int32)
+        _, _, g, capacity, k_dim = cache.k.shape
+        w = capacity if window is None else min(window, capacity)
+        seen_BW = cache.segment_ids[:, :w]
 
         # The cache is read only here and written once after all layers (a scan writing it
-        # per layer would copy the whole cache every call).
-        def attend(q, k, v, cache_kv):
-            ck, cv = cache_kv
-            return attention.cached_attention(q, ck.astype(dt), cv.astype(dt), k, v,
-                                              cache_segment_BS=cache.segment_ids,
+        # per layer would copy the whole cache every call). It stays one loop-invariant
+        # operand, never copied: each layer reads a static-size dynamic slice of its window,
+        # which TPU / GPU fusion reads in place in the score and value products (what
+        # `launch/bench.py decode_bytes` assumes).
+        def attend(q, k, v, i):
+            ck, cv = (lax.dynamic_slice(buf, (i, 0, 0, 0, 0), (1, b, g, w, k_dim))[0] for buf in (cache.k, cache.v))
+            return attention.cached_attention(q, ck.astype(dt), cv.astype(dt), k, v, cache_segment_BS=seen_BW,
                                               segment_BT=segment_ids_BT), (k, v)
 
     cos, sin = rope_tables(positions_BT, c.head_dim, c.rope_theta)
@@ -340,18 +350,18 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
         return [_dot(h, lp[name], dt, kernels) for name in group]
 
     def layer(x, xs):
-        lp, cache_kv = xs
-        return decoder_layer(c, x, lp, cos, sin, lambda q, k, v: attend(q, k, v, cache_kv), project)
+        lp, i = xs
+        return decoder_layer(c, x, lp, cos, sin, lambda q, k, v: attend(q, k, v, i), project)
 
     layer = remat(layer, c)
     layers = params["layers"]
-    kv = None if cache is None else (cache.k, cache.v)
+    index = jnp.arange(c.num_layers, dtype=jnp.int32)
     if c.scan_layers:
-        x, kv_out = lax.scan(layer, x, (layers, kv))
+        x, kv_out = lax.scan(layer, x, (layers, index))
     else:  # unrolled (static slices of the stacked weights: copies on CPU)
         outs = []
         for i in range(c.num_layers):
-            x, out = layer(x, jax.tree.map(lambda a: a[i], (layers, kv)))
+            x, out = layer(x, (jax.tree.map(lambda a, i=i: a[i], layers), index[i]))
             outs.append(out)
         kv_out = None if cache is None else jax.tree.map(lambda *a: jnp.stack(a), *outs)
 
