@@ -72,6 +72,29 @@ class WordTokenizer(Tokenizer):
     def special_ids(self) -> dict[str, int]:
         return dict(self._special)
 
+    def save_hf(self, directory: str) -> None:
+        """Writes this vocabulary as an HF fast tokenizer (`tokenizer.json`: a WordLevel model
+        behind the same piece regex; `tokenizer_config.json`), so an exported testbed model
+        loads with its own words in transformers (`AutoTokenizer.from_pretrained`). It encodes
+        and decodes text as `encode` / `decode` do, except that HF matches the control tokens'
+        strings inside text (`split_special_tokens=True` makes them data, as here)."""
+        import json
+        import os
+
+        from tokenizers import Regex, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+
+        hf = HFTokenizer(models.WordLevel({text: i for i, text in enumerate(self._text)}, unk_token=UNK_TEXT))
+        hf.pre_tokenizer = pre_tokenizers.Split(Regex(_PIECE.pattern), behavior="isolated")
+        hf.decoder = decoders.Fuse()  # pieces carry their own spaces: concatenate them
+        hf.add_special_tokens(list(CONTROL_TOKENS))
+        os.makedirs(directory, exist_ok=True)
+        hf.save(os.path.join(directory, "tokenizer.json"))
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": UNK_TEXT, "eos_token": "<|im_end|>",
+                  "pad_token": "<|endoftext|>", "model_max_length": 1 << 20}
+        with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+            json.dump(config, f, indent=1)
+
 
 def padded_vocab_size(tokenizer: Tokenizer, multiple: int = 64) -> int:
     """Embedding rows for `tokenizer`: its size rounded up (ids past it decode to nothing)."""

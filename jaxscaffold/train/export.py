@@ -27,6 +27,7 @@ from jaxscaffold.train.checkpoint import (
     find_params,
 )
 from jaxscaffold.train.job import base_dtype, build_model, lora_config, model_config
+from jaxscaffold.train.vocabularies import word_tokenizer
 
 
 def _model_config(cfg):
@@ -70,9 +71,13 @@ def export_checkpoint(checkpoint: str, out: str, *, step: int | None = None, dty
         arrays = ckpt.arrays(step, cache_bytes=max(2**20, min(2 * CHUNK_BYTES, max_shard_bytes // 8)))
         typed = config_lib.typed(cfg)
         read = _trained(arrays) if lora is None else _merged(typed, config, lora, arrays)
-        tokenizer_dir = cfg.model.tokenizer or cfg.model.hf_path or str(cached_hf_tokenizer_dir())
+        vocabulary = cfg.model.get("vocabulary")  # a testbed's words: its own tokenizer, not Qwen's
+        tokenizer_dir = None if vocabulary else (cfg.model.tokenizer or cfg.model.hf_path
+                                                 or str(cached_hf_tokenizer_dir()))
         hf_io.save_pretrained_from(out, config, read, tokenizer_dir=tokenizer_dir, dtype=dtype,
                                    max_shard_bytes=max_shard_bytes, piece_bytes=piece)
+        if vocabulary:
+            word_tokenizer(vocabulary).save_hf(out)
         if peft_out:
             adapters = {t: {k: arrays.read(("params", t, k)) for k in ("a", "b")} for t in lora.targets}
             peft_io.save_peft_adapter(peft_out, config, lora, adapters,

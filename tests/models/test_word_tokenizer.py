@@ -53,3 +53,19 @@ def test_ids_are_deterministic_and_dense(tok):
     texts = [tok.decode([i]) for i in range(tok.vocab_size)]
     assert len(set(texts)) == tok.vocab_size  # every id its own text
     assert all(tok.encode(t) == [i] for i, t in enumerate(texts) if i > tok.unk_id)
+
+
+def test_hf_fast_tokenizer_encodes_and_decodes_as_the_word_tokenizer(tok, tmp_path):
+    """`save_hf` writes a tokenizer transformers loads; it gives the same ids for known and
+    unknown pieces (the unk id), the same text back, and the control ids as specials."""
+    from transformers import AutoTokenizer
+
+    tok.save_hf(str(tmp_path))
+    hf = AutoTokenizer.from_pretrained(str(tmp_path))
+    texts = [*WORDS, "go  to\tred\n\nthe box!", "Goal: put the zorb in 12 boxes, é?"]
+    for text in texts:
+        ids = hf.encode(text, add_special_tokens=False)
+        assert ids == tok.encode(text), text
+        assert hf.decode(ids) == tok.decode(ids)
+    assert tok.unk_id in tok.encode("zorb")
+    assert {t: hf.convert_tokens_to_ids(t) for t in CONTROL_TOKENS} == tok.special_ids
