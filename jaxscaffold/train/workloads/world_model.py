@@ -351,7 +351,8 @@ class WorldModelWorkload:
                                     steps=1, done=True))
         distances = np.asarray([d for part in allgather_json([float(x) for x in distances]) for d in part])
         stats = {**rollout_metrics(episodes, "rollout", across_processes=True),
-                 **_distance_metrics(distances, w.tau_d, "rollout"), **_chunk_metrics(counts, "rollout")}
+                 **_distance_metrics(distances, w.tau_d, "rollout"),
+                 **_chunk_metrics(allgather_json(counts), "rollout")}
         if not self.reported:  # the data set's figures, once, in the first step's metrics
             stats.update(self.data.stats)
             self.reported = True
@@ -366,14 +367,17 @@ class WorldModelWorkload:
                                  seed=seeds.derive(job.cfg.seed, "eval"), greedy=True)
         rewards, distances, counts = self.reward_fn([a for _, a in answers], [t.next_state for t in heldout],
                                                     w.tau_d)
-        parts = allgather_json([[float(r), float(d)] for r, d in zip(rewards, distances)])
-        # Accuracy per category too (tau2's domains): `eval/success_worldmodel/retail`.
-        mine = [{"env": "worldmodel", "category": t.category, "won": bool(r > 0), "failed": False}
-                for t, r in zip(heldout, rewards)]
-        summaries = [s for part in allgather_json(mine) for s in part]
-        rewards, distances = np.asarray([x for part in parts for x in part]).reshape(-1, 2).T
+        # One gather of every process's answers; accuracy per category too (tau2's domains:
+        # `eval/success_worldmodel/retail`).
+        mine = [[float(r), float(d), t.category] for t, r, d in zip(heldout, rewards, distances)]
+        parts = allgather_json({"rows": mine, "counts": counts})
+        rows = [row for part in parts for row in part["rows"]]
+        summaries = [{"env": "worldmodel", "category": cat, "won": r > 0, "failed": False} for r, _, cat in rows]
+        rewards = np.asarray([r for r, _, _ in rows])
+        distances = np.asarray([d for _, d, _ in rows])
         return {"eval/success": float(rewards.mean()), **breakdown(summaries, "eval"),
-                **_distance_metrics(distances, w.tau_d, "eval"), **_chunk_metrics(counts, "eval")}
+                **_distance_metrics(distances, w.tau_d, "eval"),
+                **_chunk_metrics([part["counts"] for part in parts], "eval")}
 
     def total_steps(self, configured: int) -> int:
         """`rwml.epochs` passes over the filtered training triples (`configured` when 0)."""
@@ -389,11 +393,10 @@ class WorldModelWorkload:
         pass
 
 
-def _chunk_metrics(counts: dict[str, int], prefix: str) -> dict[str, float]:
-    """The embedding reward's chunking counts over every process (a collective): texts read in
-    several chunks, the most chunks of one text, texts cut anyway (never expected), and pairs
-    whose chunk counts differ (scored wrong)."""
-    parts = allgather_json(counts)
+def _chunk_metrics(parts: list[dict[str, int]], prefix: str) -> dict[str, float]:
+    """The embedding reward's chunking counts of every process (`parts`, gathered): texts read
+    in several chunks, the most chunks of one text, texts cut anyway (never expected), and
+    pairs whose chunk counts differ (scored wrong)."""
     out = {}
     for k in reward_lib.CHUNK_COUNTS:
         values = [p.get(k, 0) for p in parts]
