@@ -13,21 +13,22 @@ The reference (`reference_flops`), forward 2 + backward 4 flops per multiply-add
 - 6 x L x R x H x K x T^2: attention's two matmuls (2 x 2 H K T^2 a layer and row forward),
   halved for causality, x 3 with the backward.
 
-What the implementation computes beyond it (`expected_dot_flops`, every term a matmul):
+What the implementation computes beyond it (`excess_terms`, every term a matmul; the fields
+`excess_*`, and `excess_other_dots` what they leave unexplained, 0 at every policy here):
 - causal blocks: the XLA attention (`models.attention.causal_attention`) runs 8 query blocks,
   each over the keys up to its end: 36/64 of the score matrix, not 1/2 (+1/8 of attention);
 - remat recompute: `full` runs each layer's forward again in the backward, all but its last
-  matmul, the down projection, whose output the backward does not read (+2 (N - D F) R T and
-  the attention forward); `save_dots` keeps the projections' outputs (dots without batch
-  dimensions) but recomputes attention's two einsums (batch dimensions b, g): the attention
-  forward again; `none` nothing;
+  matmul, the down projection, whose output the backward does not read (`remat_projections`
+  +2 (N - D F) R T, `remat_attention` the attention forward in its blocks); `save_dots` keeps
+  the projections' outputs (dots without batch dimensions) but recomputes attention's two
+  einsums (batch dimensions b, g): the attention forward again; `none` nothing;
 - logprob chunks: the unembedding runs under `jax.checkpoint` chunk by chunk
   (`rl.logprobs`), so its forward runs again in the backward (8 V D R P instead of 6);
 - masking: the scored positions P are a static bucket >= the longest row's masked count; in
   the worst case it is T (nothing saved), so a last case scores one turn (P = 2,048) to show
   what masked scoring saves. Padding and the masked upper triangle inside each block are
   computed in full (the mask is applied to computed scores).
-The rest of the count is element-wise (norms, RoPE, softmax, the loss, Adam): `other`.
+The rest of the count is element-wise (norms, RoPE, softmax, the loss, Adam): `excess_elementwise`.
 
 The count: nothing is compiled or run. Parameters are `jax.eval_shape`d, the step is only
 lowered, and its HLO counted op by op by XLA's cost-analysis flop rules (`hlo_flops`; unchanged
@@ -41,7 +42,6 @@ the computation's root uses; XLA's dead-code pass drops the rest before a compil
 
 from __future__ import annotations
 
-import collections
 import math
 import os
 import re
@@ -172,9 +172,9 @@ def excess_terms(c, rows: int, length: int, scored: int, policy: str) -> dict[st
     # Full remat's second forward stops before the down projection: the layer's backward needs
     # its input, not its output (jax drops what the backward does not read).
     down = 2.0 * c.num_layers * c.hidden_size * c.intermediate_size * rows * length
-    recompute = {"none": 0.0, "full": ref["layers"] / 3 - down + attention / 3, "save_dots": attention / 3}[policy]
-    return {"causal_blocks": attention - ref["attention"], "remat_recompute": recompute,
-            "logprob_recompute": ref["lm_head"] / 3}
+    projections = ref["layers"] / 3 - down if policy == "full" else 0.0
+    return {"causal_blocks": attention - ref["attention"], "remat_projections": projections,
+            "remat_attention": 0.0 if policy == "none" else attention / 3, "logprob_recompute": ref["lm_head"] / 3}
 
 
 def lowered_step(cfg, config, rows: int, length: int, scored: int):
