@@ -33,6 +33,7 @@ def test_xla_counts_a_loop_body_once_and_the_count_per_trip():
     assert train_flops.hlo_flops(text).total == pytest.approx(xla, rel=1e-6)
     # XLA: one trip's dot (and its multiply, tanh being a transcendental), plus the counter.
     assert per_layer_dot <= xla < 1.1 * per_layer_dot
+    assert per_layer_dot <= lowered.compile().cost_analysis()["flops"] < 1.1 * per_layer_dot  # compiled: the same
     counted = train_flops.hlo_flops(text, loops=True, live_only=True)
     assert counted.by_opcode["dot"] == layers * per_layer_dot
     assert counted.by_opcode["multiply"] == layers * rows * d
