@@ -51,12 +51,19 @@ import jax.numpy as jnp
 
 from benchmarks import hlo_bytes
 from benchmarks.common import REPORT
+from jaxscaffold import config as config_lib
 from jaxscaffold.backends.accelerator import Accelerator
 from jaxscaffold.models import qwen3
-from jaxscaffold.rl.train_step import BATCH_AXES, init_train_state
+from jaxscaffold.rl.presets import preset
+from jaxscaffold.rl.train_step import BATCH_AXES, OptimizerConfig, init_train_state, make_train_step
+from jaxscaffold.train.job import model_config
+from jaxscaffold.train.memory_plan import worst_case_batch
 
 POLICIES = ("none", "full", "save_dots")
-CAUSAL_BLOCKS = 8  # `models.attention.causal_attention`'s query blocks at these lengths
+# `models.attention.causal_attention`'s query blocks: at most 8, of at least 32 tokens (if the
+# model's change, the `excess_other_dots` field stops being 0 and its test fails).
+CAUSAL_BLOCKS, MIN_BLOCK = 8, 32
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
 
 # XLA's HloCostAnalysis: these count as transcendentals, not flops; every other element-wise op
 # one flop per output element; data movement (broadcast, slice, gather, transpose, ...) none.
@@ -158,7 +165,7 @@ def reference_flops(c, rows: int, length: int, scored: int) -> dict[str, float]:
 
 def block_fraction(length: int) -> float:
     """The part of the T x T score matrix `causal_attention` computes (1 without blocks)."""
-    n = min(CAUSAL_BLOCKS, length // 32)
+    n = min(CAUSAL_BLOCKS, length // MIN_BLOCK)
     if n <= 1:
         return 1.0
     size = -(-length // n)
@@ -180,8 +187,6 @@ def excess_terms(c, rows: int, length: int, scored: int, policy: str) -> dict[st
 def lowered_step(cfg, config, rows: int, length: int, scored: int):
     """The train step `memory_plan.plan` compiles (one device, no mesh), lowered for abstract
     arguments: the FLOP count of a step does not depend on how it is sharded."""
-    from jaxscaffold.rl.presets import preset
-    from jaxscaffold.rl.train_step import OptimizerConfig, make_train_step
     r, ro = cfg.rl, cfg.rollout
     opt = OptimizerConfig(lr=r.lr, weight_decay=r.weight_decay, grad_clip=r.grad_clip, warmup_steps=r.warmup_steps)
     algo = preset(r.algorithm, kl_coef=r.kl_coef, entropy_coef=r.entropy_coef)
@@ -207,11 +212,9 @@ def step_flops(cfg, config, rows: int, length: int, scored: int) -> dict:
 
 
 def fee_config(quick: bool):
-    from jaxscaffold import config as config_lib
-    from jaxscaffold.train.job import model_config
-    from jaxscaffold.train.memory_plan import worst_case_batch
-    configs = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
-    cfg, _, _ = config_lib.from_command_line(["--config", "fee.py"], configs)
+    """configs/fee.py (a RunConfig), its model config, and the batch counted: (rows, length,
+    scored positions) of `worst_case_batch`, and one turn's positions (the masked case)."""
+    cfg, _, _ = config_lib.from_command_line(["--config", "fee.py"], CONFIGS)
     config = model_config(cfg)
     rows, length, scored = worst_case_batch(cfg)
     turn = min(scored, cfg.rollout.max_new_tokens)
