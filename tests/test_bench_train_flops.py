@@ -36,7 +36,16 @@ def test_xla_counts_a_loop_body_once_and_the_count_per_trip():
     assert per_layer_dot <= lowered.compile().cost_analysis()["flops"] < 1.1 * per_layer_dot  # compiled: the same
     counted = train_flops.hlo_flops(text, loops=True, live_only=True)
     assert counted.by_opcode["dot"] == layers * per_layer_dot
-    assert counted.by_opcode["multiply"] == layers * rows * d
+    assert counted.by_opcode["multiply"] == layers * rows * d and counted.unresolved_loops == 0
+
+
+def test_a_loop_bounded_by_another_loops_counter_is_flagged():
+    def triangle(x):  # inner trips 1..4: a bound no constant states
+        return jax.lax.fori_loop(0, 4, lambda i, a: jax.lax.fori_loop(0, i + 1, lambda j, b: b * 2.0, a), x)
+
+    text = jax.jit(triangle).lower(jax.ShapeDtypeStruct((16,), jnp.float32)).as_text(dialect="hlo")
+    counted = train_flops.hlo_flops(text, loops=True)
+    assert counted.unresolved_loops == 1 and counted.by_opcode["multiply"] == 4 * 16  # not the 10 x 16 it runs
 
 
 def _step_dots(config, rows, length):
@@ -84,6 +93,7 @@ def test_quick_train_flops_json():
     assert len(figures) == 4
     for f in figures.values():
         assert abs(f["xla_check"]) < 1e-3 and abs(f["excess_other_dots"]) < 1e-3 * f["reference_flops"]
+        assert f["unresolved_loops"] == 0
         assert f["flops"] > f["xla_lowered_flops"]  # XLA's count takes each loop body once
     none, full, dots = figures["none1024"], figures["full1024"], figures["save_dots1024"]
     assert none["ratio"] < dots["ratio"] < full["ratio"]

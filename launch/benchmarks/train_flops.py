@@ -36,12 +36,16 @@ they reproduce `Lowered.cost_analysis()["flops"]`: the `xla_check` field). XLA's
 of the lowered and of the compiled program alike, counts a while loop's body ONCE, whatever its
 trip count (the scan over layers, the logprob chunks, micro-batches): `hlo_flops(loops=True)`
 counts a body once per trip (`hlo_bytes.trip_count`), and counts only live instructions (what
-the computation's root uses; XLA's dead-code pass drops the rest before a compile).
+the computation's root uses; XLA's dead-code pass drops the rest before a compile). A loop
+whose trip count is no constant (a `fori_loop` bounded by an outer loop's counter, as a
+blockwise causal attention's would be) still counts once: the `unresolved_loops` field says
+how many there are (0 here), each making the figure an undercount.
 `--quick`: Qwen3-4B shapes with 2 layers, 8 rows x 1,024 tokens (one turn: 128 positions).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -75,6 +79,14 @@ _ELEMENTWISE = {"abs", "add", "and", "ceil", "clamp", "compare", "convert", "div
                 "sign", "subtract", "xor"}
 
 
+@dataclasses.dataclass
+class Flops(hlo_bytes.Counted):
+    """A flop count (total, by_opcode) and the loops it took once for want of a constant trip
+    count (a `fori_loop` whose bound is another loop's counter): each makes it an undercount."""
+
+    unresolved_loops: int = 0
+
+
 def _elements(shape: str) -> int:
     """Elements of an array type; of a tuple, its first array's (a variadic reduce's output)."""
     m = re.search(r"\w+\[([\d,]*)\]", shape)
@@ -99,17 +111,17 @@ def _live(insts: list[hlo_bytes.Instruction]) -> list[hlo_bytes.Instruction]:
     return [i for i in insts if i.name in live]
 
 
-def hlo_flops(text: str, *, loops: bool = False, live_only: bool = False) -> hlo_bytes.Counted:
+def hlo_flops(text: str, *, loops: bool = False, live_only: bool = False) -> Flops:
     """Flops of the HLO module `text` (`Lowered.as_text("hlo")`) by XLA's cost-analysis rules:
     a dot 2 x output elements x contracted size; an element-wise op (compare, select, convert
     included) one per output element, a transcendental none (XLA counts those apart); a
     reduce (or reduce-window, scatter) its computation's flops per element combined; sort,
     data movement and loop bookkeeping none but what their computations compute. A call
     counts its computation; a while loop its body and condition once, or with `loops`, once
-    per trip where the text states the trip count. `live_only`: dead instructions count
-    nothing. By opcode in `by_opcode`."""
+    per trip where the text states the trip count (`unresolved_loops` counts the others).
+    `live_only`: dead instructions count nothing. By opcode in `by_opcode`."""
     comps, entry = hlo_bytes.parse(text)
-    counted = hlo_bytes.Counted()
+    counted = Flops()
 
     def scalar_flops(comp: str) -> float:  # a reduce's / scatter's combiner, per application
         sub = hlo_bytes.Counted()
@@ -143,6 +155,7 @@ def hlo_flops(text: str, *, loops: bool = False, live_only: bool = False) -> hlo
                 visit(hlo_bytes.attr(inst, "to_apply"), times, out)
             elif op == "while":
                 trips = hlo_bytes.trip_count(comps, hlo_bytes.attr(inst, "condition")) if loops else None
+                counted.unresolved_loops += loops and trips is None
                 n = times * (1 if trips is None else trips)
                 visit(hlo_bytes.attr(inst, "body"), n, out)
                 visit(hlo_bytes.attr(inst, "condition"), n, out)
@@ -208,6 +221,7 @@ def step_flops(cfg, config, rows: int, length: int, scored: int) -> dict:
     counted = hlo_flops(text, loops=True, live_only=True)
     xla = float(lowered.cost_analysis()["flops"])
     return {"flops": counted.total, "dot_flops": counted.by_opcode["dot"], "xla_lowered": xla,
+            "unresolved_loops": counted.unresolved_loops,
             "xla_check": hlo_flops(text).total / xla - 1}
 
 
@@ -243,5 +257,6 @@ def run(quick: bool = False) -> None:
                       ratio=got["flops"] / reference, note=f"(of the reference: {note})",
                       fields={"policy": policy, "layers": base.num_layers, "rows": rows, "length": length,
                               "scored": positions, "flops": got["flops"], "reference_flops": reference,
-                              "dot_flops": got["dot_flops"], **{f"excess_{k}": v for k, v in parts.items()},
+                              "dot_flops": got["dot_flops"], "unresolved_loops": got["unresolved_loops"],
+                              **{f"excess_{k}": v for k, v in parts.items()},
                               "xla_lowered_flops": got["xla_lowered"], "xla_check": round(got["xla_check"], 6)})
