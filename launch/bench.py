@@ -22,7 +22,7 @@ SUITES = {
     "envs": "benchmarks.envs",
     "embed": "benchmarks.embed",
     "tunix": "benchmarks.tunix_sampler",
-    "train_flops": "benchmarks.train_flops",
+    "train_flops": "benchmarks.train_flops",  # one train step's flops per remat policy vs 6NT + causal attention
     "decode_bytes": "benchmarks.decode_bytes",  # one accelerator decode step's bytes vs weights + filled KV
     "lora": "benchmarks.lora",
     "feedback": "benchmarks.feedback",  # ScienceWorld AG hints under a deviating gold policy

@@ -135,7 +135,8 @@ def shape_bytes(shape: str) -> int:
     return math.prod(dims) * _DTYPE_BYTES[m.group(1)]
 
 
-def _attr(inst: Instruction, key: str) -> str | None:
+def attr(inst: Instruction, key: str) -> str | None:
+    """The value of attribute `key` of `inst` (a computation's name, for `body=` or `to_apply=`)."""
     m = re.search(rf"\b{key}=%?([\w.\-]+)", inst.attrs)
     return None if m is None else m.group(1)
 
@@ -152,7 +153,7 @@ def _is_bitcast_transpose(inst: Instruction) -> bool:
     return moved == sorted(moved)
 
 
-def _trip_count(comps, condition: str) -> int | None:
+def trip_count(comps, condition: str) -> int | None:
     """N of a loop whose condition is `counter < N` for a constant N (jax's scan / fori_loop)."""
     insts = {i.name: i for i in comps[condition]}
     root = comps[condition][-1]
@@ -197,7 +198,7 @@ def _inline(comps, name: str, prefix: str = "", args: list[str] | None = None) -
             continue
         operands = [alias.get(o, o) for o in inst.operands]
         if inst.opcode == "call":
-            body, alias[inst.name] = _inline(comps, _attr(inst, "to_apply"), f"{prefix}{inst.name}/", operands)
+            body, alias[inst.name] = _inline(comps, attr(inst, "to_apply"), f"{prefix}{inst.name}/", operands)
             out += body
         else:
             alias[inst.name] = f"{prefix}{inst.name}"
@@ -295,10 +296,10 @@ def bytes_accessed(text: str, *, loops: bool = False, fused: bool = False, fusio
     counted = Counted()
 
     def visit_loop(inst: Instruction, times: float) -> None:
-        trips = _trip_count(comps, _attr(inst, "condition")) if loops else None
+        trips = trip_count(comps, attr(inst, "condition")) if loops else None
         n = 1 if trips is None else trips
-        visit(_attr(inst, "body"), times * n)
-        visit(_attr(inst, "condition"), times * n)
+        visit(attr(inst, "body"), times * n)
+        visit(attr(inst, "condition"), times * n)
 
     def visit(comp: str, times: float) -> None:
         if fusion:
@@ -311,7 +312,7 @@ def bytes_accessed(text: str, *, loops: bool = False, fused: bool = False, fusio
             if op in _FREE or (op == "transpose" and _is_bitcast_transpose(inst)):
                 continue
             if op == "call":
-                visit(_attr(inst, "to_apply"), times)
+                visit(attr(inst, "to_apply"), times)
                 continue
             if op == "while":
                 visit_loop(inst, times)
