@@ -18,7 +18,8 @@ Expected directions (from the paper) are in rwml_rooms_expected.md, written befo
 
 ROOMS_RWML_DIR (default runs/studies/rwml_rooms) holds the bases and the runs;
 ROOMS_RWML_WM_STEPS (stage 1, default 40) and ROOMS_RWML_STEPS (stage 2, default 60) size it;
-ROOMS_RWML_SEEDS (default 5) the seeds.
+ROOMS_RWML_EVAL_EVERY (default a quarter of stage 2) its evaluations, ROOMS_RWML_SEEDS
+(default 5) the seeds.
 """
 
 import os
@@ -29,7 +30,10 @@ STEPS = int(os.environ.get("ROOMS_RWML_STEPS", "60"))
 SEEDS = int(os.environ.get("ROOMS_RWML_SEEDS", "5"))
 BASE = f"model.hf_path={os.path.join(ROOT, 'base')}"
 WORLD_MODEL = [BASE, f"steps={WM_STEPS}", f"eval.every={WM_STEPS}", f"checkpoint.every={WM_STEPS}"]
-POLICY = [f"steps={STEPS}", f"eval.every={max(1, STEPS // 4)}", f"checkpoint.every={STEPS}"]
+EVAL_EVERY = int(os.environ.get("ROOMS_RWML_EVAL_EVERY", str(max(1, STEPS // 4))))
+# eval.at_start: step 0 is the policy stage's start, so it shows what stage 1 alone did to the
+# policy (the paper's "RWML alone" row) before any task RL.
+POLICY = [f"steps={STEPS}", f"eval.every={EVAL_EVERY}", "eval.at_start=true", f"checkpoint.every={STEPS}"]
 
 
 def get_study():
