@@ -14,8 +14,8 @@ The reward is `lines` (worldmodel/line_reward.py), tau_d 0.01: every line of the
 state must be the real one's (in any order). A rooms state is a fixed template, so exactness
 is possible, and the embedding rewards cannot tell rooms states apart. Measured by
 `launch/rwml_calibrate.py --env rooms --tasks 12 --steps 10` (MiniLM, 117 transitions of the
-train split): against the outcome of every *other* valid action from the same state (330
-pairs) and the unchanged current state (104), `embedding` at tau_d 0.14 passes 0.98-1.00
+train split): against the outcome of every *other* valid action from the same state (324
+pairs; `look`'s 104 are the unchanged state), `embedding` at tau_d 0.14 passes 0.98-1.00
 (1 - cos median 0.03-0.06, p95 <= 0.11), `embedding_facts` 0.16-0.50, `lines` 0.00; the true
 state with its lines reordered passes all three (1.00).
 
