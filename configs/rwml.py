@@ -46,7 +46,7 @@ def rwml_fields() -> ConfigDict:
     w.heldout_share = 0.1  # share of the tasks whose triples are held out for world-model accuracy
     w.history_window = 5  # (observation, action) steps shown before the current one (the first observation always)
     w.max_obs_chars = 2000  # characters per observation in the prompt
-    w.reward = "embedding_facts"  # embedding (the paper's: distance only) | embedding_facts (and the facts match) | judge_binary | judge_continuous (LLM-judge ablations)
+    w.reward = "embedding_facts"  # embedding (the paper's: distance only) | embedding_facts (and the facts match) | lines (templated states, e.g. rooms: the share of differing lines; worldmodel/line_reward.py) | judge_binary | judge_continuous (LLM-judge ablations)
     w.embedder = "minilm"  # minilm (offline all-MiniLM-L6-v2) | qwen3 (Qwen3-Embedding on our port)
     w.embedder_path = ""  # qwen3: a local Qwen3-Embedding HF dir; minilm: empty for the bundled model
     w.embedder_batch = 64  # texts per embedding batch

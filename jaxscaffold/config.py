@@ -220,7 +220,7 @@ class RWML:
     heldout_share: float
     history_window: int
     max_obs_chars: int
-    reward: Literal["embedding", "embedding_facts", "judge_binary", "judge_continuous"]
+    reward: Literal["embedding", "embedding_facts", "lines", "judge_binary", "judge_continuous"]
     embedder: Literal["minilm", "qwen3"]
     embedder_path: str
     embedder_batch: int
@@ -545,7 +545,7 @@ def _check_rwml(cfg: RunConfig) -> None:
     embedding = w.reward in ("embedding", "embedding_facts")
     if w.embedder == "qwen3" and embedding and not w.embedder_path:
         raise ConfigError("config.rwml.embedder='qwen3' needs rwml.embedder_path (a local Qwen3-Embedding HF dir)")
-    if not embedding and not w.judge_path:
+    if w.reward.startswith("judge_") and not w.judge_path:
         raise ConfigError(f"config.rwml.reward={w.reward!r} needs rwml.judge_path (a local HF chat model dir)")
     p = w.filter
     for name in ("sft_steps", "sft_batch", "samples"):

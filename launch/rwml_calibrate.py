@@ -10,6 +10,12 @@ paraphrases fall), and at the reward's tau_d the pass rates of true next states
 (paraphrases), of near misses (a flipped state, an item dropped or added, a wrong object
 number or receptacle, another action's outcome; tau2: a changed value, id or status), and
 the action-echo template's mean reward. `--json` prints one object per reward.
+
+`--env rooms` (templated states, where `rwml.reward=lines` is the choice) compares the three
+rewards at their thresholds (embedding and embedding_facts at --tau-d, lines at 0.01) on
+explorer transitions of the train split: the true next state with its lines reordered, the
+outcome of every other valid action from the same state (per verb; computed by the env), and
+the unchanged current state where the action changed it.
 """
 
 from __future__ import annotations
@@ -41,9 +47,78 @@ def collect(args):
         e.task.env, e.task.task_id, e.observations, e.actions))
 
 
+def rooms_classes(tasks: int, steps: int, seed: int) -> dict[str, tuple[list[str], list[str]]]:
+    """(real next states, counterparts) per class on rooms transitions (see the docstring)."""
+    import random
+
+    from jaxscaffold.envs import rooms
+
+    rng = random.Random(seed)
+    out: dict[str, tuple[list[str], list[str]]] = {"reordered": ([], []), "current_state": ([], [])}
+    for task in rooms.catalogue("train")[:tasks]:
+        world, _ = rooms.generate(task.spec["seed"])
+        state = rooms.initial_state(world)
+        for _ in range(steps):
+            actions = rooms.valid_actions(world, state)
+            plan = rooms.shortest_plan(world, state) or []
+            action = plan[0] if plan and rng.random() < 0.5 else rng.choice(actions)  # the explorer's rule
+            nxt = rooms.apply(world, state, action)
+            now, truth = rooms.describe(world, state), rooms.describe(world, nxt)
+            lines = truth.splitlines()
+            out["reordered"][0].append(truth)
+            out["reordered"][1].append("\n".join(rng.sample(lines, len(lines))))
+            if now != truth:
+                out["current_state"][0].append(truth)
+                out["current_state"][1].append(now)
+            for other in actions:
+                text = rooms.describe(world, rooms.apply(world, state, other))
+                if text != truth:
+                    pair = out.setdefault(f"other_{other.split()[0]}", ([], []))
+                    pair[0].append(truth)
+                    pair[1].append(text)
+            state = nxt
+            if rooms.goal_done(world, state):
+                break
+    return out
+
+
+def rooms_report(embedder, classes, tau_d: float) -> dict[str, dict[str, float]]:
+    """Per class, the pass rate of each reward (embedding, embedding_facts at tau_d; lines at
+    0.01) and MiniLM's distance quantiles."""
+    import numpy as np
+
+    from jaxscaffold.worldmodel import line_reward, reward
+
+    out = {}
+    for name, (truth, other) in classes.items():
+        answers = [f"<next_state>{o}</next_state>" for o in other]
+        r_emb, d, _ = reward.embedding_rewards_with_counts(embedder, answers, truth, tau_d)
+        r_facts, _, _ = reward.embedding_facts_rewards_with_counts(embedder, answers, truth, tau_d)
+        r_lines, _, _ = line_reward.line_rewards_with_counts(answers, truth, 0.01)
+        out[name] = {"pairs": len(truth), "embedding": float(r_emb.mean()), "embedding_facts": float(r_facts.mean()),
+                     "lines": float(r_lines.mean()), "distance_p05": float(np.quantile(d, 0.05)),
+                     "distance_median": float(np.median(d)), "distance_p95": float(np.quantile(d, 0.95))}
+    return out
+
+
+def main_rooms(args) -> None:
+    from jaxscaffold.worldmodel.embedders import make_embedder
+
+    embedder = make_embedder(args.embedder, args.embedder_path)
+    report = rooms_report(embedder, rooms_classes(args.tasks, args.steps, args.seed), args.tau_d)
+    print(f"rooms train, {args.tasks} tasks, embedder {args.embedder}: pass rates (embedding / embedding_facts at "
+          f"tau_d {args.tau_d}, lines at 0.01) and 1 - cos quantiles")
+    for name, r in report.items():
+        print(f"  {name:<16} n={r['pairs']:<5} embedding {r['embedding']:.2f}  embedding_facts "
+              f"{r['embedding_facts']:.2f}  lines {r['lines']:.2f}   d p05 {r['distance_p05']:.3f} "
+              f"median {r['distance_median']:.3f} p95 {r['distance_p95']:.3f}")
+    if args.json:
+        print(json.dumps({"env": "rooms", "embedder": args.embedder, "tau_d": args.tau_d, "classes": report}))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--env", default="alfworld", help="alfworld | tau2")
+    p.add_argument("--env", default="alfworld", help="alfworld | tau2 | rooms")
     p.add_argument("--split", default="train", help="training games (the evaluation splits stay unseen)")
     p.add_argument("--tasks", type=int, default=40)
     p.add_argument("--steps", type=int, default=15, help="explorer steps per episode")
@@ -52,7 +127,11 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--tau-d", type=float, default=0.14, help="rooms: the embedding rewards' threshold")
     args = p.parse_args()
+    if args.env == "rooms":
+        main_rooms(args)
+        return
 
     from jaxscaffold.worldmodel import calibration
     from jaxscaffold.worldmodel.embedders import make_embedder

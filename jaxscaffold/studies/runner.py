@@ -12,6 +12,13 @@ A study file is Python with `get_study()` returning a dict:
 Each run trains in `out_dir/ARM/seed_S` (its own checkpoints and logs: an interrupted run
 resumes there) and, once finished, leaves `run.json` (its history), so rerunning the study
 skips it. Every run's config is checked before the first one starts.
+
+Two stages (RWML's world model, then policy RL from it): an arm `(config, overrides, then)`
+with `then = (config, overrides)` first trains its own config in `out_dir/ARM/seed_S/stage1`
+(leaving `stage1/run.json`, so a study resumed after it skips it), then `then`, with the same
+seed, in `out_dir/ARM/seed_S`, starting from stage 1's HF export (`model.hf_path`: stage 1's
+`rwml.export_dir`, or `export.dir` with `export.at_end`; default `stage1/hf`). The arm's scores
+are the second stage's; `run.json` keeps the first stage's history too (`stage1_history`).
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from jaxscaffold import config as config_lib
 
 log = logging.getLogger(__name__)
 RUN_FILE = "run.json"
+STAGE1_DIR = "stage1"  # a two-stage run's first stage, inside the run's directory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +45,7 @@ class Study:
     arms: Mapping[str, tuple[str, tuple[str, ...]]]  # arm -> (config file, overrides "a.b=v")
     score: str = "eval/score"
     baseline: str | None = None
+    then: Mapping[str, tuple[str, tuple[str, ...]]] = dataclasses.field(default_factory=dict)  # arm -> its 2nd stage
 
     def runs(self) -> list[tuple[str, int]]:
         """Every (arm, seed), seed-major: a partial study has every arm at its first seeds."""
@@ -61,31 +70,61 @@ def load_study(path: str) -> Study:
         raise StudyError(f"{path} defines no get_study()")
     d = dict(module.get_study())
     missing = {"name", "out_dir", "seeds", "arms"} - set(d)
-    unknown = set(d) - {f.name for f in dataclasses.fields(Study)}
+    unknown = set(d) - {f.name for f in dataclasses.fields(Study)} - {"then"}  # `then` lives in the arms
     if missing or unknown:
         raise StudyError(f"{path}: missing {sorted(missing)}, unknown {sorted(unknown)}")
     if not d["arms"] or not d["seeds"]:
         raise StudyError(f"{path}: a study needs at least one arm and one seed")
-    arms = {}
+    arms, then = {}, {}
     for arm, value in d["arms"].items():
-        if not (isinstance(value, (tuple, list)) and len(value) == 2 and isinstance(value[0], str)):
-            raise StudyError(f"{path}: arm {arm!r} must be (config file, [overrides])")
-        arms[str(arm)] = (value[0], tuple(value[1]))
+        stages = [value[:2], value[2]] if isinstance(value, (tuple, list)) and len(value) == 3 else [value]
+        if not all(isinstance(v, (tuple, list)) and len(v) == 2 and isinstance(v[0], str) for v in stages):
+            raise StudyError(f"{path}: arm {arm!r} must be (config file, [overrides]) or "
+                             "(config file, [overrides], (then config file, [overrides]))")
+        arms[str(arm)] = (stages[0][0], tuple(stages[0][1]))
+        if len(stages) == 2:
+            then[str(arm)] = (stages[1][0], tuple(stages[1][1]))
     if d.get("baseline") is not None and d["baseline"] not in arms:
         raise StudyError(f"{path}: baseline {d['baseline']!r} is not an arm ({', '.join(arms)})")
     return Study(d["name"], d["out_dir"], tuple(int(s) for s in d["seeds"]), arms, d.get("score", "eval/score"),
-                 d.get("baseline"))
+                 d.get("baseline"), then)
 
 
-def run_config(study: Study, arm: str, seed: int, configs_dir: str) -> config_lib.RunConfig:
-    """The checked config of one run: the arm's file and overrides, the seed and its directory."""
-    path, overrides = study.arms[arm]
+def _checked(arm: str, stage: tuple[str, tuple[str, ...]], extra: list[str], configs_dir: str):
+    path, overrides = stage
     cd = config_lib.load_file(config_lib.config_path(path, configs_dir))
-    extra = [f"seed={seed}", f"out_dir={study.run_dir(arm, seed)}"]
     try:
         return config_lib.from_configdict(config_lib.parse_overrides(cd, [*overrides, *extra]))
     except config_lib.ConfigError as e:
         raise config_lib.ConfigError(f"arm {arm}: {e}") from None
+
+
+def run_config(study: Study, arm: str, seed: int, configs_dir: str) -> config_lib.RunConfig:
+    """The checked config of one run: the arm's file and overrides, the seed and its directory
+    (a two-stage arm: its first stage, in `stage1/`)."""
+    out = study.run_dir(arm, seed)
+    if arm in study.then:
+        out = os.path.join(out, STAGE1_DIR)
+    return _checked(arm, study.arms[arm], [f"seed={seed}", f"out_dir={out}"], configs_dir)
+
+
+def export_dir(cfg: config_lib.RunConfig) -> str:
+    """Where a run writes its HF export (what a second stage starts from); StudyError if none."""
+    if cfg.job == "rwml":
+        return cfg.rwml.export_dir or os.path.join(cfg.out_dir, "hf")
+    if cfg.export.at_end:
+        return cfg.export.dir or os.path.join(cfg.out_dir, "hf")
+    raise StudyError(f"{cfg.out_dir}: a first stage must export its model (job=rwml, or export.at_end=true)")
+
+
+def stage_configs(study: Study, arm: str, seed: int, configs_dir: str) -> list[config_lib.RunConfig]:
+    """The checked configs of one run's stages, in order: one, or two where the second starts
+    from the first's export (same seed)."""
+    first = run_config(study, arm, seed, configs_dir)
+    if arm not in study.then:
+        return [first]
+    extra = [f"seed={seed}", f"out_dir={study.run_dir(arm, seed)}", f"model.hf_path={export_dir(first)}"]
+    return [first, _checked(arm, study.then[arm], extra, configs_dir)]
 
 
 def finished(study: Study, arm: str, seed: int) -> dict | None:
@@ -113,19 +152,32 @@ def run_study(study: Study, configs_dir: str, *, shard: tuple[int, int] = (0, 1)
     if not 0 <= index < count:
         raise StudyError(f"shard {index}/{count}: expected 0 <= i < n")
     mine = [r for i, r in enumerate(study.runs()) if i % count == index]
-    configs = {r: run_config(study, *r, configs_dir) for r in mine}  # every config checked first
+    configs = {r: stage_configs(study, *r, configs_dir) for r in mine}  # every config checked first
     ran = []
     for arm, seed in mine:
         if finished(study, arm, seed) is not None:
             log.info("study %s: %s seed %d already finished", study.name, arm, seed)
             continue
+        *firsts, last = configs[(arm, seed)]
+        record = {"arm": arm, "seed": seed}
+        for cfg in firsts:  # a two-stage arm's first stage, unless it finished before
+            path = os.path.join(cfg.out_dir, RUN_FILE)
+            if os.path.exists(path):
+                with open(path) as f:
+                    record["stage1_history"] = json.load(f)["history"]
+                continue
+            log.info("study %s: running %s seed %d, stage 1", study.name, arm, seed)
+            record["stage1_history"] = list(train(cfg))
+            _write_record(path, {"arm": arm, "seed": seed, "history": record["stage1_history"]})
         log.info("study %s: running %s seed %d", study.name, arm, seed)
-        history = list(train(configs[(arm, seed)]))
-        record = {"arm": arm, "seed": seed, "history": history}
-        path = os.path.join(study.run_dir(arm, seed), RUN_FILE)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".tmp", "w") as f:
-            json.dump(record, f)
-        os.replace(path + ".tmp", path)  # atomic: a killed study never leaves half a record
+        record["history"] = list(train(last))
+        _write_record(os.path.join(study.run_dir(arm, seed), RUN_FILE), record)
         ran.append((arm, seed))
     return ran
+
+
+def _write_record(path: str, record: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f)
+    os.replace(path + ".tmp", path)  # atomic: a killed study never leaves half a record

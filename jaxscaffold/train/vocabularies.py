@@ -31,7 +31,24 @@ def _rooms_texts() -> tuple[str, ...]:
     return rooms.vocabulary_texts() + (system_prompt("rooms"),) + _feedback_texts("rooms") + ACTION_MARKUP
 
 
-VOCABULARIES = {"rooms": _rooms_texts}
+def _world_model_texts() -> tuple[str, ...]:
+    """What RWML's stage 1 adds to a chat: its system prompt, the prompt's labels (a triple
+    with history renders every one), the answer's tags."""
+    from jaxscaffold.worldmodel import task
+    from jaxscaffold.worldmodel.triples import Triple
+
+    triple = Triple("", "", (("o", "a"), ("o", "a")), "o", "a", "s")
+    labels = task.user_text(triple, task.PromptConfig(history_window=1))
+    return (task.SYSTEM_PROMPT, labels, "<next_state></next_state>")
+
+
+def _rooms_wm_texts() -> tuple[str, ...]:
+    """The rooms run's words and RWML's: one vocabulary for both stages (and their baselines),
+    so a stage-1 checkpoint continues in stage 2 with the same ids."""
+    return _rooms_texts() + _world_model_texts()
+
+
+VOCABULARIES = {"rooms": _rooms_texts, "rooms_wm": _rooms_wm_texts}
 
 
 @functools.lru_cache(maxsize=None)

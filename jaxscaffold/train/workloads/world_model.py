@@ -47,7 +47,7 @@ from jaxscaffold.train.metrics import rollout_metrics
 from jaxscaffold.train.multihost import allgather_json, process_share, sampler_params
 from jaxscaffold.train.tasks import TaskStream, env_names, load_tasks
 from jaxscaffold.train.trainer import train
-from jaxscaffold.worldmodel import difficulty, reward as reward_lib, task as task_lib, triples as triples_lib
+from jaxscaffold.worldmodel import difficulty, line_reward, reward as reward_lib, task as task_lib, triples as triples_lib
 from jaxscaffold.worldmodel.embedders import make_embedder
 from jaxscaffold.worldmodel.triples import Triple
 
@@ -279,6 +279,8 @@ def make_reward(job: Job):
     """`reward_fn(answers, targets, tau_d) -> (rewards, distances, counts)` from the config;
     `counts` are the embedding reward's chunking counts (`reward.CHUNK_COUNTS`; a judge has none)."""
     w = job.cfg.rwml
+    if w.reward == "lines":  # templated states (rooms): exact lines, no embedder
+        return line_reward.line_rewards_with_counts
     if w.reward in ("embedding", "embedding_facts"):
         embedder = make_embedder(w.embedder, w.embedder_path, mesh=job.mesh, batch_size=w.embedder_batch)
         score = (reward_lib.embedding_rewards_with_counts if w.reward == "embedding"

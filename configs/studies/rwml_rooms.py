@@ -1,0 +1,52 @@
+"""RWML's comparison on the rooms testbed: policy RL alone, RWML then policy RL, WM-SFT then
+policy RL; 5 seeds each, every arm from the same base (launch/rooms_base.py moved to the
+`rooms_wm` words and warmed up on the answer format by launch/rooms_wm_base.py), the same stage-2 config (configs/rwml_policy_rooms.py: GRPO on success,
+no feedback) and the same number of policy steps.
+
+  policy_rl   stage 2 alone, from the base
+  rwml        configs/rwml_rooms.py (world-model GRPO, `lines` reward, difficulty filter), then stage 2
+              from its export
+  wm_sft      configs/rwml_rooms.py with rwml.objective=sft (cross-entropy on the same triples,
+              as many steps), then stage 2 from its export
+
+Expected directions (from the paper) are in rwml_rooms_expected.md, written before any run.
+
+  D=runs/studies/rwml_rooms
+  python launch/rooms_base.py $D/base_rooms && python launch/rooms_wm_base.py $D/base_rooms $D/base
+  ROOMS_RWML_DIR=$D python launch/study.py --study rwml_rooms [--shard 0/2]
+  ROOMS_RWML_DIR=$D python launch/study.py --study rwml_rooms --report
+
+ROOMS_RWML_DIR (default runs/studies/rwml_rooms) holds the bases and the runs;
+ROOMS_RWML_WM_STEPS (stage 1, default 40) and ROOMS_RWML_STEPS (stage 2, default 60) size it;
+ROOMS_RWML_EVAL_EVERY (default a quarter of stage 2) its evaluations, ROOMS_RWML_SEEDS
+(default 5) the seeds.
+"""
+
+import os
+
+ROOT = os.environ.get("ROOMS_RWML_DIR", "runs/studies/rwml_rooms")
+WM_STEPS = int(os.environ.get("ROOMS_RWML_WM_STEPS", "40"))
+STEPS = int(os.environ.get("ROOMS_RWML_STEPS", "60"))
+SEEDS = int(os.environ.get("ROOMS_RWML_SEEDS", "5"))
+BASE = f"model.hf_path={os.path.join(ROOT, 'base')}"
+WORLD_MODEL = [BASE, f"steps={WM_STEPS}", f"eval.every={WM_STEPS}", f"checkpoint.every={WM_STEPS}"]
+EVAL_EVERY = int(os.environ.get("ROOMS_RWML_EVAL_EVERY", str(max(1, STEPS // 4))))
+# eval.at_start: step 0 is the policy stage's start, so it shows what stage 1 alone did to the
+# policy (the paper's "RWML alone" row) before any task RL.
+POLICY = [f"steps={STEPS}", f"eval.every={EVAL_EVERY}", "eval.at_start=true", f"checkpoint.every={STEPS}"]
+
+
+def get_study():
+    then = ("rwml_policy_rooms.py", POLICY)  # model.hf_path: the first stage's export (the runner sets it)
+    return {
+        "name": "rwml_rooms",
+        "out_dir": os.path.join(ROOT, "runs"),
+        "seeds": list(range(SEEDS)),
+        "score": "eval/score",
+        "baseline": "policy_rl",
+        "arms": {
+            "policy_rl": ("rwml_policy_rooms.py", [BASE, *POLICY]),
+            "rwml": ("rwml_rooms.py", WORLD_MODEL, then),
+            "wm_sft": ("rwml_rooms.py", [*WORLD_MODEL, "rwml.objective=sft"], then),
+        },
+    }
