@@ -38,5 +38,11 @@ def get_config():
     c.eval.every = 5  # the paper evaluates every 5 steps and reports the peak (we log both)
     c.eval.tasks = 0  # no cap: each env's set above, balanced over its task types / categories
     c.mesh.fsdp = -1  # shard parameters and optimizer state over every device
+    # Memory knobs only (the batch above is the paper's): `python launch/plan.py --config fee.py
+    # --target h200` / `v5p-8` fit with these. 32 micro-batches: 4 rows of 16k tokens at a time
+    # on one H200 (the f32 logits of a row over the vocabulary are ~10 GB); waves of 32 rows
+    # (4 groups): the KV cache of all 128 rows x 16k slots is 309 GB in bf16.
+    c.rl.micro_batches = 32
+    c.rollout.max_rows_in_flight = 32
     c.mesh.data = 1
     return c

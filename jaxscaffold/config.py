@@ -82,6 +82,7 @@ class Rollout:
     enable_thinking: bool
     representation: Literal["trajectory", "stepwise"]
     history_window: int
+    max_rows_in_flight: int = 0  # a memory knob: the step's groups sampled in waves (`train.waves`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -448,6 +449,10 @@ def validate(cfg: RunConfig) -> None:
     for name in ("tasks_per_step", "group_size", "max_turns", "max_new_tokens"):
         _range(f"rollout.{name}", getattr(c, name), 1)
     _range("rollout.history_window", c.history_window, 0)
+    _range("rollout.max_rows_in_flight", c.max_rows_in_flight, 0)
+    if 0 < c.max_rows_in_flight < c.group_size:
+        raise ConfigError(f"config.rollout.max_rows_in_flight={c.max_rows_in_flight} must be 0 (all rows at once) "
+                          f"or at least rollout.group_size={c.group_size} (a wave holds whole groups)")
     _range("rollout.temperature", c.temperature, 0.0)
     _range("rollout.top_p", c.top_p, 0.0, 1.0, strict=True)
     if c.max_len <= c.max_new_tokens:

@@ -14,7 +14,7 @@ cache=, window=)` and `unembed(params, config, h)`, `windowed` (whether a call a
 bucketed cache prefix); for training, `with_kernels(config)` (the config carrying its dense /
 gather kernels and its attention kernel); for inference without a cache (the embedder),
 `with_attention(config)` ("auto" attention resolved: cuDNN on GPU, splash on one TPU, else
-XLA); for the compiler, `compiler_options()`.
+the pure-JAX flash kernel on accelerators and XLA's on CPU); for the compiler, `compiler_options()`.
 """
 
 from __future__ import annotations

@@ -21,7 +21,10 @@ from jaxscaffold.models.config import Qwen3Config
 class Accelerator:
     """The TPU / GPU backend (hashable, a program key). `platform` chooses the attention
     kernel "auto" means: "gpu" cuDNN flash attention (bf16 / f16), "tpu" Pallas splash on one
-    device; "portable" (what plans and FLOP counts compile on fake CPU devices) the XLA kernel."""
+    device; everywhere else (a TPU mesh, f32 on GPU, and "portable": what plans and FLOP counts
+    compile on fake CPU devices) the pure-JAX flash kernel, O(T) in memory like splash and
+    cuDNN, so a plan's activations stand for theirs (the XLA kernel's O(T^2) f32 scores would
+    not fit 16k-token rows)."""
 
     platform: str = "portable"
     name = "accelerator"
@@ -38,8 +41,8 @@ class Accelerator:
         if self.platform == "gpu" and jnp.dtype(compute_dtype).itemsize == 2:
             return "cudnn"
         if self.platform == "tpu" and devices == 1:
-            return "splash"  # under a multi-device mesh a Pallas call needs shard_map; XLA partitions itself
-        return "xla"
+            return "splash"  # under a multi-device mesh a Pallas call needs shard_map; XLA partitions flash itself
+        return "flash"
 
     def with_kernels(self, config: Qwen3Config) -> Qwen3Config:
         return self.with_attention(config)

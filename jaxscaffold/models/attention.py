@@ -2,6 +2,9 @@
 
 - `xla`: plain einsums + softmax in f32; runs on every backend and is the reference
   (`xla_attention`); self-attention runs it query block by query block (`causal_attention`).
+- `flash`: blockwise over keys with an online softmax and a recomputing backward
+  (`models.flash_attention`): O(T x block) memory where `xla` holds O(T^2 / 8) f32 scores;
+  the long-row kernel of any backend without cuDNN / splash.
 - `cudnn`: `jax.nn.dot_product_attention(implementation="cudnn")`, cuDNN flash attention on
   NVIDIA GPUs (bf16 / f16 only).
 - `splash`: the Pallas splash-attention kernel on TPU (causal + segment ids, sequence
@@ -24,6 +27,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxscaffold.models.flash_attention import flash_attention
 
 MASKED = -0.7 * float(np.finfo(np.float32).max)  # finite: fully masked rows stay NaN-free
 
@@ -132,12 +137,14 @@ def attend(impl: str, q_BTHK, k_BSGK, v_BSGK, *, q_segment_BT, kv_segment_BS, q_
     impl = portable(impl)
     if impl == "splash":
         return splash_attention(q_BTHK, k_BSGK, v_BSGK, q_segment_BT)
+    if impl == "flash":
+        return flash_attention(q_BTHK, k_BSGK, v_BSGK, q_segment_BT)
     mask = attention_mask(q_segment_BT, kv_segment_BS, q_index_BT, kv_index_S)
     if impl == "cudnn":
         return cudnn_attention(q_BTHK, k_BSGK, v_BSGK, mask)
     if impl == "xla":  # queries and keys are the same tokens: causal by position
         return causal_attention(q_BTHK, k_BSGK, v_BSGK, mask)
-    raise ValueError(f"unknown attention implementation {impl!r} (xla, cudnn, splash)")
+    raise ValueError(f"unknown attention implementation {impl!r} (xla, flash, cudnn, splash)")
 
 
 def grouped_queries(q_BTHK, g: int):

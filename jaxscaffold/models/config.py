@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 import jax.numpy as jnp
 
-AttentionImpl = Literal["auto", "xla", "cudnn", "splash"]
+AttentionImpl = Literal["auto", "xla", "flash", "cudnn", "splash"]
+ATTENTION_IMPLS: tuple[str, ...] = ("auto", "xla", "flash", "cudnn", "splash")
 RematPolicy = Literal["none", "full", "save_dots"]
 # HF `model_type`s the one functional model covers. qwen2 (Qwen2 / Qwen2.5): biases on the
 # q/k/v projections and no q/k RMSNorm; otherwise the same decoder as qwen3.
@@ -59,6 +60,8 @@ class Qwen3Config:
             )
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"unknown model_type {self.model_type!r} (one of {', '.join(MODEL_TYPES)})")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"unknown attention_impl {self.attention_impl!r} (one of {', '.join(ATTENTION_IMPLS)})")
         for field in ("param_dtype", "compute_dtype"):
             jnp.dtype(getattr(self, field))  # fails early on a typo
 

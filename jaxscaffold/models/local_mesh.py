@@ -28,9 +28,13 @@ from jaxscaffold.models.sharding import DEFAULT_RULES, MESH_AXES, ShardingRules
 _AUTO = (AxisType.Auto,) * len(MESH_AXES)
 
 
-def local_mesh() -> Mesh:
-    """This process's addressable devices as a 1 x 1 x n `data x fsdp x tensor` mesh."""
-    devices = np.asarray(_devices_of(jax.process_index()), dtype=object).reshape(1, 1, -1)
+def local_mesh(devices=None) -> Mesh:
+    """This process's addressable devices (or those of them in `devices`: on one process, the
+    training mesh's) as a 1 x 1 x n `data x fsdp x tensor` mesh, in the global device order."""
+    mine = _devices_of(jax.process_index())
+    if devices is not None:
+        mine = [d for d in mine if d in set(devices)]
+    devices = np.asarray(mine, dtype=object).reshape(1, 1, -1)
     return Mesh(devices, MESH_AXES, axis_types=_AUTO)
 
 

@@ -25,6 +25,7 @@ from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_tr
 from jaxscaffold.rollout.engine import Sampler
 from jaxscaffold.rollout.sampling import GREEDY, SamplingConfig
 from jaxscaffold.train.multihost import rollout_mesh
+from jaxscaffold.train.waves import sampler_rows
 from jaxscaffold.train.vocabularies import word_tokenizer
 
 
@@ -162,9 +163,9 @@ def build_job(cfg) -> tuple[Job, Any]:
     sampling = SamplingConfig(temperature=c.temperature, top_p=c.top_p)
     # Slots for this process's share of the groups and eval tasks (all of them on one process).
     share = -(-c.tasks_per_step // jax.process_count())
-    rows = share * c.group_size
+    rows = sampler_rows(c, share)  # one wave's rows (rollout.max_rows_in_flight; default the share's)
     # On several processes each samples on its own devices (tensor parallel; `rollout_mesh`).
-    sampler_mesh, sampler_rules = rollout_mesh(model_config)
+    sampler_mesh, sampler_rules = rollout_mesh(model_config, mesh)
     sampler = Sampler(model_config, batch_size=rows, max_len=c.max_len, sampling=sampling,
                       cache_dtype=cfg.model.cache_dtype, mesh=sampler_mesh, rules=sampler_rules)
     e = cfg.eval

@@ -41,6 +41,7 @@ from jaxscaffold.rl.train_step import (BATCH_AXES, OptimizerConfig, TrainState, 
 from jaxscaffold.rollout.engine import Sampler
 from jaxscaffold.train.job import lora_config, model_config
 from jaxscaffold.train.multihost import rollout_mesh
+from jaxscaffold.train.waves import sampler_rows
 
 GB = 1e9
 
@@ -215,21 +216,20 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
 
     # The sampler: rows of this process's share of the groups, its cache as it is built.
     share = -(-c.tasks_per_step // jax.process_count())
-    local, local_rules = rollout_mesh(config)  # several processes: each samples on its own devices
-    sampler = Sampler(config, batch_size=share * c.group_size, max_len=c.max_len, cache_dtype=cfg.model.cache_dtype,
+    local, local_rules = rollout_mesh(config, mesh)  # each process samples on its own devices
+    sampler = Sampler(config, batch_size=sampler_rows(c, share), max_len=c.max_len, cache_dtype=cfg.model.cache_dtype,
                       layout="stacked", mesh=local, rules=local_rules)
     cache = jax.eval_shape(sampler.init_state)
     cache_sh = sampler.programs.state_shardings()
     kv = _shard_bytes(cache, cache_sh) if cache_sh is not None else sum(
         math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(cache))
-    # Rollouts sample with the training state's parameters as they are placed (the stacked
-    # layout casts inside its programs), except on several processes, where each reshards them
-    # onto its own devices (`multihost.rollout_mesh`: tensor parallel over them).
+    # Rollouts sample with the training state's parameters resharded onto each process's own
+    # devices (`multihost.rollout_mesh`: tensor parallel over them); a one-device process
+    # samples with them as they are placed (the stacked layout casts inside its programs).
     sampler_weights = 0
     if local is not None:
         sampler_weights = _shard_bytes(param_shapes, qwen3.param_shardings(config, local, local_rules))
-        notes.append(f"on several processes rollouts run on each process's {local.size} devices, "
-                     "the parameters resharded over them")
+        notes.append(f"rollouts run on each process's {local.size} devices, the parameters resharded over them")
     if cache_sh is None:
         notes.append("the sampler is not sharded: its cache and weights sit on one device of each process")
     if lora is not None:  # the merge the samplers decode with: its targets are new arrays

@@ -43,29 +43,34 @@ def allgather_json(obj) -> list:
     return [json.loads(rows[p, :sizes[p]].tobytes()) for p in range(len(sizes))]
 
 
-def rollout_mesh(config) -> tuple:
-    """(mesh, rules) the samplers run on: on one process (None, the default rules), the
-    parameters as they are placed; on several, this process's devices (`local_mesh`: tensor
+def rollout_mesh(config, train_mesh=None) -> tuple:
+    """(mesh, rules) the samplers run on: this process's devices (on one process those of
+    `train_mesh`, where the parameters are; default all) as `local_mesh` (tensor
     parallel over heads, MLP and vocabulary, the KV cache over kv heads where they divide,
-    `local_rules`)."""
+    `local_rules`), on one process as on several, so a host's cache and weights are split
+    over its devices (one device holding FEE's 128 x 16k-slot cache would need ~300 GB at
+    4B). One process of one device: (None, the default rules), the unsharded sampler."""
+    devices = None
     if jax.process_count() == 1:
-        return None, DEFAULT_RULES
-    mesh = local_mesh()
+        devices = jax.local_devices() if train_mesh is None else list(train_mesh.devices.flat)
+        if len(devices) == 1:
+            return None, DEFAULT_RULES
+    mesh = local_mesh(devices)
     return mesh, local_rules(config, mesh.shape["tensor"])
 
 
 def sampler_params(params, sampler):
-    """The parameters rollouts sample with on `sampler` (built on `rollout_mesh`). Replicated
-    parameters on one process: one device's replica, so the sampler runs on one device
-    instead of repeating the same work (and memory) on every device of the mesh; sharded ones
-    as they are (the sampler runs SPMD over the mesh). On several processes (a collective:
-    every process calls it, in the same order): resharded on device onto this process's
-    mesh, `to_local`, as a jitted call on arrays spanning processes would need every process
-    at once, and rollouts run on each process separately; no host copy of the model."""
-    if jax.process_count() > 1:
-        if sampler.mesh is None:
-            raise ValueError("on several processes a sampler runs on this process's mesh: build it on rollout_mesh()")
+    """The parameters rollouts sample with on `sampler` (built on `rollout_mesh`): resharded
+    on device onto this process's mesh (`to_local`; on several processes a collective, every
+    process calls it in the same order, as a jitted call on arrays spanning processes would
+    need every process at once, and rollouts run on each process separately; no host copy of
+    the model). On one process it is a jitted reshard (the training state's own arrays where
+    the shardings already agree). A sampler without a mesh (a one-device process): replicated
+    parameters as one device's replica, sharded ones as they are."""
+    if sampler.mesh is not None:
         return to_local(params, sampler.config, sampler.mesh, sampler.rules)
+    if jax.process_count() > 1:
+        raise ValueError("on several processes a sampler runs on this process's mesh: build it on rollout_mesh()")
     if any(not x.is_fully_replicated for x in jax.tree.leaves(params)):
         return params
     return jax.tree.map(lambda x: x.addressable_data(0), params)

@@ -47,20 +47,21 @@ def test_training_kernels_come_from_the_backend():
 
 
 @pytest.mark.parametrize("platform, dtype, devices, impl", [
-    ("gpu", "bfloat16", 8, "cudnn"), ("gpu", "float32", 1, "xla"),  # cuDNN flash attention is bf16 / f16 only
-    ("tpu", "float32", 1, "splash"), ("tpu", "bfloat16", 8, "xla"),  # Pallas needs shard_map on a mesh
-    ("portable", "bfloat16", 1, "xla")])
+    ("gpu", "bfloat16", 8, "cudnn"), ("gpu", "float32", 1, "flash"),  # cuDNN flash attention is bf16 / f16 only
+    ("tpu", "float32", 1, "splash"), ("tpu", "bfloat16", 8, "flash"),  # Pallas needs shard_map on a mesh
+    ("portable", "bfloat16", 1, "flash"), ("portable", "float32", 8, "flash")])
 def test_the_backend_resolves_auto_attention(platform, dtype, devices, impl):
     assert accelerator.Accelerator(platform=platform).attention_impl(dtype, devices) == impl
 
 
 def test_auto_attention_is_resolved_by_the_backend_not_the_model():
     """The model reads no platform: "auto" left unresolved runs the portable XLA kernel, and
-    a backend's `with_attention` / `with_kernels` hand the model a concrete one."""
+    a backend's `with_attention` / `with_kernels` hand the model a concrete one (the CPU's
+    XLA kernel, fast at short rows; the portable accelerator's O(T)-memory flash kernel)."""
     assert CONFIG.attention_impl == "auto"
-    for backend in (cpu.CPU(), accelerator.Accelerator()):
-        assert backend.with_attention(CONFIG).attention_impl == "xla"
-        assert backend.with_kernels(CONFIG).attention_impl == "xla"
+    for backend, impl in ((cpu.CPU(), "xla"), (accelerator.Accelerator(), "flash")):
+        assert backend.with_attention(CONFIG).attention_impl == impl
+        assert backend.with_kernels(CONFIG).attention_impl == impl
     explicit = CONFIG.replace(attention_impl="cudnn")
     assert accelerator.Accelerator(platform="tpu").with_attention(explicit) is explicit  # a chosen kernel stays
     params = qwen3.init_params(CONFIG, jax.random.key(1))

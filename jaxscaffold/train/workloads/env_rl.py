@@ -27,6 +27,7 @@ from jaxscaffold.train.job import Job
 from jaxscaffold.train.logger import StepLog
 from jaxscaffold.train.metrics import episode_summaries, informative_share, summary_metrics
 from jaxscaffold.train.multihost import allgather_json, process_share, sampler_params
+from jaxscaffold.train.waves import groups_per_wave, waves
 from jaxscaffold.train.tasks import TaskStream, describe_tasks, env_names, load_eval_tasks, load_tasks
 
 
@@ -111,16 +112,17 @@ class EnvWorkload:
         for batch_index in itertools.count() if limit is None or limit <= 0 else range(limit):
             tasks = self.stream.take(c.tasks_per_step)  # every process takes them: streams stay equal
             mine = [] if dynamic is not None and dynamic.full() else list(share)
-            flat = [tasks[g] for g in mine for _ in range(c.group_size)]
-            groups = [g for g in mine for _ in range(c.group_size)]
-            episode_ids = [g * c.group_size + r for g in mine for r in range(c.group_size)]
             run_seed = seeds.derive(cfg.seed, "rollout", batch_index)
-            agent = ModelAgent(params, job.sampler, job.tokenizer, rcfg, seed=run_seed, train_step=step,
-                               episode_ids=episode_ids)
             feedback = Feedback(schedule, self.enrichers, mode=cfg.feedback.mode, run_seed=run_seed,
                                 train_step=step, num_groups=len(tasks))
-            episodes = run_episodes(agent, self.envs, flat, groups, max_turns=rcfg.max_turns,
-                                    feedback=feedback) if flat else []
+            episodes = []
+            for wave in waves(mine, groups_per_wave(c, len(share))):  # rollout.max_rows_in_flight
+                flat = [tasks[g] for g in wave for _ in range(c.group_size)]
+                groups = [g for g in wave for _ in range(c.group_size)]
+                episode_ids = [g * c.group_size + r for g in wave for r in range(c.group_size)]
+                agent = ModelAgent(params, job.sampler, job.tokenizer, rcfg, seed=run_seed, train_step=step,
+                                   episode_ids=episode_ids)
+                episodes += run_episodes(agent, self.envs, flat, groups, max_turns=rcfg.max_turns, feedback=feedback)
             for e in episodes:  # groups of different generation batches stay apart
                 e.group += batch_index * c.tasks_per_step
             batches += 1
