@@ -2,7 +2,10 @@
 
     ALFWORLD_DATA=/path/to/alfworld python launch/rwml_calibrate.py --env alfworld --tasks 40 [--json]
 
-Collects triples with the scripted explorer (expert step or random admissible command), then
+    python launch/rwml_calibrate.py --env tau2 --tasks 60 --steps 20 [--json]
+
+Collects triples with the scripted explorer (expert step or random admissible command; tau2,
+without a user model: the gold calls or a probe call of another tool, telecom solo), then
 for the `embedding` reward (the paper's: distance only) and the `embedding_facts` reward (the
 facts must match too): tau_d for the RL reward (best balanced accuracy of paraphrases against
 near misses and other states) and for the difficulty filter (the distance within which 0.9 of
@@ -43,8 +46,9 @@ def collect(args):
     with EnvPool(args.workers) as pool:
         episodes = explorer_trajectories(pool, [tasks[i] for i in order], rollouts_per_task=1,
                                          max_steps=args.steps, gold_prob=0.5, seed=args.seed)
-    return triples_lib.dedupe(t for e in episodes for t in triples_lib.from_trajectory(
-        e.task.env, e.task.task_id, e.observations, e.actions))
+    # an empty next state (tau2's `done`) is never a triple (world_model.prepare_data drops it too)
+    return [t for t in triples_lib.dedupe(t for e in episodes for t in triples_lib.from_trajectory(
+        e.task.env, e.task.task_id, e.observations, e.actions)) if t.next_state.strip()]
 
 
 def rooms_classes(tasks: int, steps: int, seed: int) -> dict[str, tuple[list[str], list[str]]]:

@@ -32,7 +32,7 @@ def build(cd, *overrides):
 
 
 # What a config file leaves for its user to fill in (its docstring says so).
-REQUIRED = {"rwml_tau2.py": ["rwml.embedder_path=/ckpt/Qwen3-Embedding-8B", "envs.tau2_user.hf_path=/ckpt/Qwen3-8B"],
+REQUIRED = {"rwml_tau2.py": ["envs.tau2_user.hf_path=/ckpt/Qwen3-8B"],  # (the embedder is the offline MiniLM)
             "rwml_policy_tau2.py": ["envs.tau2_user.hf_path=/ckpt/Qwen3-8B"]}
 
 

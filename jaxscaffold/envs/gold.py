@@ -51,3 +51,29 @@ class GoldPolicy:
             return " ".join(facts)
         self.k += 1
         return '<tool_call>\n{"name": "done", "arguments": {}}\n</tool_call>'
+
+
+# tools whose call ends a tau2 episode: never a probe
+_TAU2_ENDING = ("done", "transfer_to_human_agents")
+
+
+def tau2_probe_call(first: Observation, draw) -> str | None:
+    """A tau2 exploration step off the gold path: one of the agent's tools (from the reset
+    observation's `tools`) whose required arguments all appear in the task's gold calls, called
+    with such values (`draw(n)` picks below n): a real lookup or change of another record, or
+    the tool's own error. None when no tool qualifies."""
+    values: dict[str, list] = {}
+    for a in first.privileged.get("gold_actions", []):
+        for k, v in (a.get("arguments") or {}).items():
+            values.setdefault(k, []).append(v)
+    tools = []
+    for schema in first.privileged.get("tools", []):
+        fn = schema["function"]
+        required = list(fn.get("parameters", {}).get("required") or [])
+        if fn["name"] not in _TAU2_ENDING and all(r in values for r in required):
+            tools.append((fn["name"], required))
+    if not tools:
+        return None
+    name, required = tools[draw(len(tools))]
+    call = {"name": name, "arguments": {r: values[r][draw(len(values[r]))] for r in required}}
+    return f"<tool_call>\n{json.dumps(call, ensure_ascii=False)}\n</tool_call>"

@@ -10,7 +10,7 @@ observation and the text the agent is shown (after feedback).
   sampled, the env gets the decoded text);
 - `GoldAgent`: each benchmark's gold path (`jaxscaffold.envs.gold.GoldPolicy`);
 - `ExplorerAgent`: RWML's scripted explorer, the expert action with probability p, else a
-  random admissible command.
+  random admissible command (tau2, which has none: a probe call, `gold.tau2_probe_call`).
 The scripted agents read the observation's privileged state (the gold path, admissible
 commands); the model agent reads only what it is shown.
 """
@@ -27,7 +27,7 @@ import numpy as np
 from jaxscaffold import seeds
 from jaxscaffold.envs.actions import action_text
 from jaxscaffold.envs.base import Observation
-from jaxscaffold.envs.gold import GoldPolicy
+from jaxscaffold.envs.gold import GoldPolicy, tau2_probe_call
 from jaxscaffold.envs.prompts import system_prompt
 from jaxscaffold.episodes import representations
 from jaxscaffold.episodes.episode import Episode
@@ -190,20 +190,29 @@ class GoldAgent(ScriptedAgent):
 class ExplorerAgent(ScriptedAgent):
     """Each step the next expert action (`next_walkthrough_action`) with probability
     `gold_prob`, else a random admissible command (`admissible_commands` / `valid_actions`):
-    real, varied transitions for runs whose policy cannot act yet. Draws come from one
-    generator seeded with `seed`, episode after episode in index order."""
+    real, varied transitions for runs whose policy cannot act yet. tau2 has neither: there the
+    expert action is the gold path's next step (`GoldPolicy`) and the random one a probe call
+    (`gold.tau2_probe_call`: another of the agent's tools on the task's own argument values).
+    Draws come from one generator seeded with `seed`, episode after episode in index order."""
 
     def __init__(self, *, gold_prob: float, seed: int):
         super().__init__()
         self.gold_prob = gold_prob
         self.rng = np.random.default_rng(seed)
         self.envs: dict[int, str] = {}
+        self.tau2: dict[int, tuple[GoldPolicy, Observation]] = {}
 
     def begin(self, i, episode, first):
         self.envs[i] = episode.task.env
+        if episode.task.env == "tau2":  # no admissible commands: gold calls, or a probe call off the path
+            self.tau2[i] = (GoldPolicy("tau2", first), first)
 
     def action(self, i, obs):
         p, rng = obs.privileged, self.rng
+        if i in self.tau2:
+            policy, first = self.tau2[i]
+            probe = tau2_probe_call(first, lambda n: int(rng.integers(n))) if rng.random() >= self.gold_prob else None
+            return probe or policy.act(obs)
         choices = list(p.get("admissible_commands") or p.get("valid_actions") or [])
         nxt = p.get("next_walkthrough_action")
         if not choices and not nxt:

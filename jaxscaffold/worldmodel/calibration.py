@@ -1,8 +1,9 @@
 """Calibrating tau_d for an embedder on real transitions: how far paraphrases of a next state
 land from it, against other states of the same game and of other games, and against near
 misses (the real next state with one fact wrong: a flipped open / closed, an item dropped or
-added, a wrong object number or receptacle, another action's outcome; for tau2's JSON states a
-changed value, id or status), and what a template that only echoes the action earns.
+added, a wrong object number or receptacle, another action's outcome; for tau2's tool results,
+`tool_states`: a changed JSON value, id or status, a flipped device state or changed number in
+a text result), and what a template that only echoes the action earns.
 
 The paper's thresholds (ALFWorld 0.1 / 0.2) were set for Qwen3-Embedding-8B; a different
 embedder spreads distances differently, so `launch/rwml_calibrate.py` measures the classes
@@ -11,12 +12,12 @@ below on real ALFWorld triples and picks the threshold that separates them best.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Callable, Sequence
 
 import numpy as np
 
+from jaxscaffold.worldmodel import tool_states
 from jaxscaffold.worldmodel.embedders import Embedder
 from jaxscaffold.worldmodel.facts import same_facts
 from jaxscaffold.worldmodel.reward import cosine_distances
@@ -46,7 +47,10 @@ def reorder_items(text: str, rng: np.random.Generator) -> str:
 
 
 def paraphrase(text: str, rng: np.random.Generator) -> str:
-    """Items reordered, then phrases swapped for synonyms: the same state in other words."""
+    """Items reordered, then phrases swapped for synonyms: the same state in other words (tau2's
+    tool results: `tool_states.paraphrase`, JSON keys in another order)."""
+    if tool_states.blocks(text) is not None:
+        return tool_states.paraphrase(text, int(rng.integers(2**31)))
     out = reorder_items(text, rng)
     for a, b in SYNONYMS:
         out = out.replace(a, b)
@@ -174,36 +178,9 @@ def _receptacle(text: str, rng, pool: Sequence[str]) -> str | None:
 
 
 def _json_change(text: str, rng, key_filter: Callable[[str], bool]) -> str | None:
-    """tau2: one leaf of a JSON state changed (a string, a number, an id, a status)."""
-    try:
-        value = json.loads(text)
-    except (ValueError, TypeError):
-        return None
-    leaves = []
-
-    def walk(node, path):
-        if isinstance(node, dict):
-            for k, v in node.items():
-                walk(v, path + [k])
-        elif isinstance(node, list):
-            for i, v in enumerate(node):
-                walk(v, path + [i])
-        elif isinstance(node, (str, int, float)) and not isinstance(node, bool):
-            key = next((p for p in reversed(path) if isinstance(p, str)), "")
-            if key_filter(key):
-                leaves.append(path)
-    walk(value, [])
-    if not leaves:
-        return None
-    path = leaves[rng.integers(len(leaves))]
-    parent = value
-    for p in path[:-1]:
-        parent = parent[p]
-    old = parent[path[-1]]
-    parent[path[-1]] = (old + 1 if isinstance(old, (int, float)) else
-                        ("cancelled" if old != "cancelled" else "pending") if "status" in str(path[-1]) else
-                        old[:-1] + ("X" if old[-1:] != "X" else "Y") if old else "X")
-    return json.dumps(value)
+    """tau2: one leaf of a JSON state (bare, or a `<tool_response>` block) changed (a string,
+    a number, an id, a status)."""
+    return tool_states.change_json_leaf(text, lambda n: int(rng.integers(n)), key_filter)
 
 
 def near_misses(triples: Sequence[Triple], seed: int = 0) -> dict[str, tuple[list[str], list[str]]]:
@@ -217,7 +194,8 @@ def near_misses(triples: Sequence[Triple], seed: int = 0) -> dict[str, tuple[lis
               "receptacle": lambda x, r: _receptacle(x, r, places),
               "json_value": lambda x, r: _json_change(x, r, lambda k: not k.endswith("id") and "status" not in k),
               "json_id": lambda x, r: _json_change(x, r, lambda k: k.endswith("id")),
-              "json_status": lambda x, r: _json_change(x, r, lambda k: "status" in k)}
+              "json_status": lambda x, r: _json_change(x, r, lambda k: "status" in k),
+              "tool_text": lambda x, r: tool_states.change_text(x, lambda n: int(r.integers(n)))}
     out: dict[str, tuple[list[str], list[str]]] = {k: ([], []) for k in [*makers, "other_action"]}
     seen = set()
     for t in triples:
@@ -244,7 +222,11 @@ def near_misses(triples: Sequence[Triple], seed: int = 0) -> dict[str, tuple[lis
 
 def action_echo(action: str) -> str:
     """A 'prediction' that knows nothing of the world: ALFWorld's phrasing around the action's
-    own words ("go to X" -> "You arrive at X. On the X, you see a X.")."""
+    own words ("go to X" -> "You arrive at X. On the X, you see a X."); tau2: a tool call's
+    arguments written back as its result (`tool_states.call_echo`)."""
+    echo = tool_states.call_echo(action)
+    if echo is not None:
+        return echo
     words = action.split()
     if action.startswith("go to "):
         x = action[len("go to "):]

@@ -8,7 +8,10 @@ object number 92% of the time, an action-echo template earns 0.57), so the
 - text states (ALFWorld): the numbered objects named ("apple 2", "drawer 17"), the states
   asserted ("is open", "is closed" / "shut", "is on" / "off"), the outcome verbs ("You open",
   "You pick up", ...), and whether something is "nothing";
-- JSON states (tau2's tool results): every scalar leaf with its key (ids, statuses, values).
+- JSON states (tau2's tool results): every scalar leaf with its key (ids, statuses, values);
+  a state of `<tool_response>` blocks (`tool_states`) block by block: a JSON block's leaves, a
+  text block's (telecom's phone) numbers and ids, upper-case words (ON / OFF, LTE), the
+  device-state words of `tool_states.TEXT_FLIPS`, and whether it is an error.
 
 Facts are sets: the order of a listing and repeated mentions do not count, wording outside
 them is the embedding's to judge.
@@ -18,6 +21,8 @@ from __future__ import annotations
 
 import json
 import re
+
+from jaxscaffold.worldmodel import tool_states
 
 _OBJECT = re.compile(r"\b([a-z]+) (\d+)\b")
 _STATE = re.compile(r"\b(?:is|are|now) (?:now )?(open|closed|shut|on|off|clean|hot|cool|cold|sliced)\b")
@@ -41,9 +46,29 @@ def _json_facts(value) -> frozenset:
     return frozenset(out)
 
 
+_TOOL_TOKEN = re.compile(r"[\w#.:-]*\d[\w#.:-]*|\b[A-Z][A-Z0-9]+\b")
+_FLIP_WORDS = {w for pair in tool_states.TEXT_FLIPS for w in pair}
+
+
+def _tool_text_facts(content: str) -> set:
+    facts = {("token", w.rstrip(".:")) for w in _TOOL_TOKEN.findall(content)}
+    facts |= {("word", w) for w in re.findall(r"\w+", content) if w in _FLIP_WORDS}
+    if content.lstrip().startswith("Error"):
+        facts.add(("error", ""))
+    return facts
+
+
+def _block_facts(content: str) -> frozenset | set:
+    value = tool_states.parse_json(content)
+    return _json_facts(value) if value is not None else _tool_text_facts(content)
+
+
 def state_facts(text: str) -> frozenset:
     """The facts of one state's text (see the module's docstring)."""
     stripped = text.strip()
+    contents = tool_states.blocks(stripped) if stripped.startswith("<tool_response>") else None
+    if contents is not None:
+        return frozenset((i, f) for i, c in enumerate(contents) for f in _block_facts(c))
     if stripped[:1] in "[{":
         try:
             return _json_facts(json.loads(stripped))

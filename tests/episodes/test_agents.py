@@ -56,3 +56,23 @@ def test_explorer_takes_the_expert_action_with_its_probability_and_is_seeded():
 def test_gold_agent_plays_the_gold_path():
     eps = run_episodes(GoldAgent(), LocalEnvs({"sciworld": PathEnv}), TASKS, max_turns=10)
     assert all(e.won and e.steps == 4 and e.failure is None and not e.truncated for e in eps)
+
+
+def test_the_explorer_runs_tau2_with_gold_calls_and_valid_probe_calls():
+    """tau2 has no admissible commands: with p = 1 the explorer is the gold path (and wins);
+    with p = 0 every step is a probe call of another of the agent's tools, which tau2 accepts
+    (never an invalid call) and answers with a real tool result."""
+    import json
+
+    import pytest
+    tau2 = pytest.importorskip("jaxscaffold.envs.tau2")
+    task = tau2.catalogue("retail/train")[0]
+    envs = LocalEnvs({"tau2": tau2.Tau2Env})
+    gold = run_episodes(ExplorerAgent(gold_prob=1.0, seed=0), envs, [task], max_turns=40)[0]
+    assert gold.won and gold.failure is None
+    probes = run_episodes(ExplorerAgent(gold_prob=0.0, seed=0), envs, [task], max_turns=5)[0]
+    assert probes.failure is None and len(probes.actions) == 5
+    gold_names = {json.loads(a.split("\n")[1])["name"] for a in gold.actions if "<tool_call>" in a}
+    names = [json.loads(a.split("\n")[1])["name"] for a in probes.actions]
+    assert len(set(names)) > 1 or not set(names) <= gold_names  # not only the gold path's calls
+    assert all(o.startswith("<tool_response>") for o in probes.observations[1:]), probes.observations

@@ -80,3 +80,28 @@ def test_the_start_up_summary_names_the_user():
     assert user_model.describe(Tau2User(mode="endpoint", url="http://h:1/v1", max_tokens=9)).startswith(
         "the endpoint http://h:1/v1, temperature 0, top_p 1, 9 tokens")
     assert user_model.describe(Tau2User(mode="none")).startswith("none")
+
+
+def test_an_hf_checkpoint_user_replies_as_the_preset_user_of_the_same_weights(tmp_path):
+    """The hf_path branch: a local HF directory (written by our safetensors writer from the
+    tiny preset's seeded weights, with the offline tokenizer's HF files; no hub) is served with
+    the same replies as the preset itself for the same requests and seeds."""
+    from jaxscaffold.models import hf_io
+    from jaxscaffold.models.tokenizer import cached_hf_tokenizer_dir
+    options = dict(compute_dtype="float32", max_len=2048, slots=2, seed=0)
+    preset = user_model.serve(Tau2User(preset="tiny", **options))
+    try:
+        hf_io.save_pretrained(str(tmp_path / "user"), preset.config, preset.params,
+                              tokenizer_dir=str(cached_hf_tokenizer_dir()), dtype="float32")
+        served = user_model.serve(Tau2User(hf_path=str(tmp_path / "user"), **options))
+        try:
+            assert served.config == preset.config
+            messages = user_prompt(tau2.catalogue("retail/test")[0])
+            for seed in (1, 7):
+                request = {"messages": messages, "temperature": 1.0, "max_tokens": 12, "seed": seed}
+                a, b = (s.reply(dict(request))["choices"][0]["message"]["content"] for s in (served, preset))
+                assert a == b and a
+        finally:
+            served.stop()
+    finally:
+        preset.stop()
