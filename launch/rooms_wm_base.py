@@ -103,7 +103,11 @@ def warm_up(job, params, triples, *, steps: int, batch: int, lr: float, policy_s
     from jaxscaffold.envs import rooms
     from jaxscaffold.models.chat import Qwen3ChatRenderer
     from jaxscaffold.models.sharding import shard_batch
-    from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_sft_step
+    from jaxscaffold.rl.train_step import (
+        OptimizerConfig,
+        init_train_state,
+        make_sft_step,
+    )
     from jaxscaffold.train.batching import build_batch
     from jaxscaffold.train.workloads.world_model import prompt_config
 
