@@ -3,7 +3,7 @@
 From launch/rooms_base.py's model (random valid-action SFT on the `rooms` words), two steps:
 1. the `rooms_wm` vocabulary (`jaxscaffold.models.vocab_transfer`: learned rows kept, RWML's
    words, `<next_state>` among them, freshly initialised);
-2. a format warm-up (N supervised steps, default 200), each batch a mix: `--policy-share` of
+2. a format warm-up (N supervised steps, default 500 at lr 2e-3), each batch a mix: `--policy-share` of
    its rows are the rooms base's own training examples (random valid-action episodes of the
    train split, launch/rooms_base.py's `random_episode`), the rest explorer triples of the
    train split answered `<next_state>CURRENT STATE</next_state>`, i.e. the identity world model.
@@ -193,9 +193,9 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("rooms_base")
     p.add_argument("out_dir")
-    p.add_argument("--warmup-steps", type=int, default=200, help="format warm-up steps (0: only the vocabulary)")
+    p.add_argument("--warmup-steps", type=int, default=500, help="format warm-up steps (0: only the vocabulary)")
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--policy-share", type=float, default=0.5, help="share of each batch that is policy episodes")
     p.add_argument("--no-check", action="store_true", help="skip the held-out check at the end")
     p.add_argument("--seed", type=int, default=0)
