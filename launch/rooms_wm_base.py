@@ -3,38 +3,50 @@
 From launch/rooms_base.py's model (random valid-action SFT on the `rooms` words), two steps:
 1. the `rooms_wm` vocabulary (`jaxscaffold.models.vocab_transfer`: learned rows kept, RWML's
    words, `<next_state>` among them, freshly initialised);
-2. a format warm-up (N supervised steps, default 30): on explorer triples of the *train*
-   split, the answer `<next_state>CURRENT STATE</next_state>`, i.e. the identity world model.
+2. a format warm-up (N supervised steps, default 500 at lr 2e-3), each batch a mix: `--policy-share` of
+   its rows are the rooms base's own training examples (random valid-action episodes of the
+   train split, launch/rooms_base.py's `random_episode`), the rest explorer triples of the
+   train split answered `<next_state>CURRENT STATE</next_state>`, i.e. the identity world model.
 Why 2: the paper's base is an instruct model that writes a requested answer format; ours has
 never seen `<next_state>`, so every world-model answer would be unparsable and RWML's GRPO
 would get no signal at all. Copying the current state teaches the format and nothing of the
 dynamics (it is right only where the action changes nothing: `look`, ~18% of triples), so
-stage 1 starts with some reward to improve on. Every arm of configs/studies/rwml_rooms.py,
-policy RL alone included, starts from OUT_DIR (`model.hf_path`, `model.vocabulary=rooms_wm`).
+stage 1 starts with some reward to improve on. The policy rows are why the mix: copy targets
+alone (30 steps at lr 1e-3) moved the policy's first answer token from `look` to `The` and its
+entropy from 1.5 to 4.9 nats, so no arm could act (configs/studies/rwml_rooms_observed.md).
+At the end the script prints a check on held-out (test split) prompts: the share of parsable
+`<next_state>` answers, greedy and sampled, and on policy prompts the first-token entropy and
+the greedy valid-action rate (`--warmup-steps 0` gives the moved rooms base's figures).
+Every arm of configs/studies/rwml_rooms.py, policy RL alone included, starts from OUT_DIR
+(`model.hf_path`, `model.vocabulary=rooms_wm`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
+import json
 import os
+import random
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
-def copy_triples(cfg, seed: int):
-    """Explorer triples of cfg's train split whose target is the current state."""
+def copy_triples(cfg, split: str, tasks: int, seed: int):
+    """Explorer triples of `tasks` tasks of `split` whose target is the current state."""
     from jaxscaffold.train.envs import make_envs
     from jaxscaffold.train.tasks import load_tasks
     from jaxscaffold.train.workloads.world_model import explorer_trajectories
     from jaxscaffold.worldmodel import triples as triples_lib
 
-    tasks = load_tasks(cfg.envs.train, cfg.envs.train_split)[-cfg.rwml.collect_tasks:]  # (copies hold no dynamics)
+    picked = load_tasks(cfg.envs.train, split)[-tasks:]
     envs = make_envs(cfg, {"rooms"})
     try:
-        episodes = explorer_trajectories(envs, tasks, rollouts_per_task=1, max_steps=cfg.rwml.collect_max_turns,
+        episodes = explorer_trajectories(envs, picked, rollouts_per_task=1, max_steps=cfg.rwml.collect_max_turns,
                                          gold_prob=cfg.rwml.explore_gold_prob, seed=seed)
     finally:
         envs.close()
@@ -43,24 +55,160 @@ def copy_triples(cfg, seed: int):
     return [dataclasses.replace(t, next_state=t.observation) for t in triples]
 
 
+def rooms_base_module():
+    """launch/rooms_base.py as a module (its public `random_episode`: the base's own examples)."""
+    spec = importlib.util.spec_from_file_location("rooms_base", os.path.join(ROOT, "launch", "rooms_base.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def copy_conversation(chat, triple, pcfg):
+    """A world-model prompt answered with the triple's `next_state` (here the current state)."""
+    from jaxscaffold.rollout.conversation import Conversation
+    from jaxscaffold.worldmodel import task as task_lib
+
+    conv = Conversation()
+    conv.add_context(task_lib.prompt_ids(chat, triple, pcfg))
+    target = task_lib.target_ids(chat, triple, pcfg)
+    conv.ids += target
+    conv.assistant_mask += [1] * len(target)
+    conv.logprobs += [0.0] * len(target)
+    return conv
+
+
+def policy_conversation(env, task, chat, rng: random.Random, turns: int):
+    """One random valid-action episode as launch/rooms_base.py trains on it (loss on the actions)."""
+    from jaxscaffold.rollout.conversation import Conversation
+
+    ids, mask = rooms_base_module().random_episode(env, task, chat, rng, turns)
+    return Conversation(ids=list(ids), assistant_mask=list(mask), logprobs=[0.0] * len(ids))
+
+
+def mixed_batch(chat, triples, pcfg, env, tasks, rng: random.Random, *, batch: int, policy_share: float,
+                turns: int = 6):
+    """`batch` conversations: round(batch * policy_share) policy episodes, the rest copy answers."""
+    n_policy = round(batch * policy_share)
+    convs = [policy_conversation(env, rng.choice(tasks), chat, rng, rng.randint(1, turns)) for _ in range(n_policy)]
+    convs += [copy_conversation(chat, rng.choice(triples), pcfg) for _ in range(batch - n_policy)]
+    return convs
+
+
+def warm_up(job, params, triples, *, steps: int, batch: int, lr: float, policy_share: float, seed: int):
+    """`steps` SFT steps (`rl.train_step.make_sft_step`) on mixed batches; returns new params."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxscaffold.envs import rooms
+    from jaxscaffold.models.chat import Qwen3ChatRenderer
+    from jaxscaffold.models.sharding import shard_batch
+    from jaxscaffold.rl.train_step import (
+        OptimizerConfig,
+        init_train_state,
+        make_sft_step,
+    )
+    from jaxscaffold.train.batching import build_batch
+    from jaxscaffold.train.workloads.world_model import prompt_config
+
+    opt = OptimizerConfig(lr=lr, weight_decay=0.0, grad_clip=job.cfg.rl.grad_clip)
+    step_fn = make_sft_step(job.model_config, opt, num_micro_batches=job.cfg.rl.micro_batches, mesh=job.mesh)
+    state = init_train_state(jax.tree.map(jnp.copy, params), opt.make())
+    chat, pcfg = Qwen3ChatRenderer(job.tokenizer), prompt_config(job.cfg)
+    env, tasks, rng = rooms.RoomsEnv(), rooms.catalogue("train"), random.Random(seed)
+    start = time.time()
+    for s in range(1, steps + 1):
+        convs = mixed_batch(chat, triples, pcfg, env, tasks, rng, batch=batch, policy_share=policy_share)
+        arrays = build_batch(convs, np.zeros(len(convs)), row_multiple=job.row_multiple)
+        state, m = step_fn(state, arrays if job.mesh is None else shard_batch(arrays, job.mesh))
+        if s % 25 == 0 or s == steps:
+            m = jax.device_get(m)
+            print(f"warm-up {s}/{steps}  " + "  ".join(f"{k} {float(v):.3f}" for k, v in sorted(m.items()))
+                  + f"  {time.time() - start:.0f}s", flush=True)
+    return state.params
+
+
+def policy_prompts(chat, n: int, seed: int):
+    """(prompt ids, valid actions) of n test-split observations, each after 0-3 random valid steps."""
+    from jaxscaffold.envs import rooms
+    from jaxscaffold.envs.prompts import system_prompt
+
+    env, tasks, rng = rooms.RoomsEnv(), rooms.catalogue("test"), random.Random(seed)
+    out = []
+    for task in tasks[:n]:
+        obs = env.reset(task)
+        for _ in range(rng.randint(0, 3)):
+            result = env.step(rng.choice(obs.privileged["valid_actions"]))
+            if result.done:
+                break
+            obs = result.observation
+        ids = chat.render([{"role": "system", "content": system_prompt("rooms")},
+                           {"role": "user", "content": obs.text}], add_generation_prompt=True,
+                          enable_thinking=False)
+        out.append((ids, list(obs.privileged["valid_actions"])))
+    return out
+
+
+def answer_body(text: str) -> str:
+    return text.split("</think>")[-1].strip()
+
+
+def check(job, params, heldout, *, seed: int) -> dict:
+    """Held-out figures: parsable `<next_state>` shares (greedy, 2 samples a triple), and on
+    policy prompts the first-token entropy (nats), its modal token and the greedy valid-action rate."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxscaffold.episodes.driver import complete
+    from jaxscaffold.models import qwen3
+    from jaxscaffold.models.chat import Qwen3ChatRenderer
+    from jaxscaffold.train.workloads.world_model import sample_answers
+    from jaxscaffold.worldmodel import task as task_lib
+
+    out = {}
+    for name, greedy, k in (("greedy", True, 1), ("sampled", False, 2)):
+        answers = sample_answers(job, params, heldout, samples=k, seed=seed, greedy=greedy)
+        out[f"wm_parsed_{name}"] = float(np.mean([task_lib.parse_prediction(t) is not None for _, t in answers]))
+        out[f"wm_example_{name}"] = answers[0][1][:80]
+    chat = Qwen3ChatRenderer(job.tokenizer)
+    prompts = policy_prompts(chat, 32, seed)
+    width = max(len(p) for p, _ in prompts)
+    tokens = np.zeros((len(prompts), width), np.int32)
+    for r, (p, _) in enumerate(prompts):
+        tokens[r, :len(p)] = p  # right padding: no effect on earlier positions
+    logits = qwen3.forward(params, job.model_config, jnp.asarray(tokens))
+    last = np.asarray(jax.device_get(logits))[np.arange(len(prompts)), [len(p) - 1 for p, _ in prompts]]
+    logp = jax.nn.log_softmax(jnp.asarray(last, jnp.float32), axis=-1)
+    out["policy_first_token_entropy"] = float(jnp.mean(-jnp.sum(jnp.exp(logp) * logp, axis=-1)))
+    modal = np.bincount(np.asarray(jnp.argmax(logp, axis=-1))).argmax()
+    out["policy_first_token"] = job.tokenizer.decode([int(modal)])
+    acted = complete(params, job.eval_sampler, job.tokenizer, [p for p, _ in prompts], max_new_tokens=16, seed=seed)
+    out["policy_valid_action_rate"] = float(np.mean([answer_body(t) in valid
+                                                     for (_, t), (_, valid) in zip(acted, prompts)]))
+    return out
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("rooms_base")
     p.add_argument("out_dir")
-    p.add_argument("--warmup-steps", type=int, default=30, help="format warm-up steps (0: only the vocabulary)")
+    p.add_argument("--warmup-steps", type=int, default=500, help="format warm-up steps (0: only the vocabulary)")
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--policy-share", type=float, default=0.5, help="share of each batch that is policy episodes")
+    p.add_argument("--no-check", action="store_true", help="skip the held-out check at the end")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    if args.warmup_steps < 0 or args.batch < 1 or not args.lr > 0:
-        print("error: --warmup-steps must be >= 0, --batch >= 1 and --lr > 0", file=sys.stderr)
+    if args.warmup_steps < 0 or args.batch < 1 or not args.lr > 0 or not 0 <= args.policy_share < 1:
+        print("error: --warmup-steps must be >= 0, --batch >= 1, --lr > 0 and --policy-share in [0, 1)",
+              file=sys.stderr)
         return 2
 
     from jaxscaffold import config as config_lib
     from jaxscaffold.models import hf_io, vocab_transfer
     from jaxscaffold.train.job import build_job
     from jaxscaffold.train.vocabularies import word_tokenizer
-    from jaxscaffold.train.workloads.world_model import sft_on
 
     try:
         config, params = hf_io.load_pretrained(args.rooms_base)
@@ -71,17 +219,23 @@ def main(argv: list[str]) -> int:
         return 2
     hf_io.save_pretrained(args.out_dir, config, params)
     print(f"wrote {args.out_dir} on rooms_wm ({config.vocab_size} rows)", flush=True)
-    if args.warmup_steps == 0:
+    if args.warmup_steps == 0 and args.no_check:
         return 0
     cd = config_lib.load_file(config_lib.config_path("rwml_rooms.py", os.path.join(ROOT, "configs")))
     cfg = config_lib.from_configdict(config_lib.parse_overrides(
         cd, [f"model.hf_path={args.out_dir}", f"seed={args.seed}", "mesh.devices=1"]))
     job, state = build_job(cfg)
-    triples = copy_triples(cfg, args.seed)
-    params = sft_on(job, state.params, triples, steps=args.warmup_steps, batch_size=args.batch, lr=args.lr,
-                    seed=args.seed)
-    hf_io.save_pretrained(args.out_dir, job.model_config, params)
-    print(f"wrote {args.out_dir}: {args.warmup_steps} format warm-up steps on {len(triples)} copy triples")
+    params = state.params
+    if args.warmup_steps:
+        triples = copy_triples(cfg, "train", cfg.rwml.collect_tasks, args.seed)  # (copies hold no dynamics)
+        params = warm_up(job, params, triples, steps=args.warmup_steps, batch=args.batch, lr=args.lr,
+                         policy_share=args.policy_share, seed=args.seed)
+        hf_io.save_pretrained(args.out_dir, job.model_config, params)
+        print(f"wrote {args.out_dir}: {args.warmup_steps} warm-up steps ({args.policy_share:.0%} policy rows) "
+              f"on {len(triples)} copy triples", flush=True)
+    if not args.no_check:
+        heldout = copy_triples(cfg, "test", 8, args.seed + 1)[:32]
+        print("check " + json.dumps(check(job, params, heldout, seed=args.seed)), flush=True)
     return 0
 
 

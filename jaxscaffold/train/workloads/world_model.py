@@ -105,11 +105,12 @@ class WorldModelData:
 
 
 def _fits(chat, triple: Triple, cfg) -> bool:
-    pcfg = _prompt_config(cfg)
+    pcfg = prompt_config(cfg)
     return len(task_lib.prompt_ids(chat, triple, pcfg)) + cfg.rollout.max_new_tokens + 1 <= cfg.rollout.max_len
 
 
-def _prompt_config(cfg) -> task_lib.PromptConfig:
+def prompt_config(cfg) -> task_lib.PromptConfig:
+    """The world-model prompt settings a run's config asks for (history, clipping, thinking)."""
     return task_lib.PromptConfig(history_window=cfg.rwml.history_window, max_chars=cfg.rwml.max_obs_chars,
                                  enable_thinking=cfg.rollout.enable_thinking)
 
@@ -204,7 +205,7 @@ def sft_on(job: Job, params, triples: Sequence[Triple], *, steps: int, batch_siz
     step_fn = make_sft_step(job.model_config, opt, num_micro_batches=job.cfg.rl.micro_batches, mesh=job.mesh)
     state = init_train_state(jax.tree.map(jnp.copy, params), opt.make())  # the step donates its state
     chat = Qwen3ChatRenderer(job.tokenizer)
-    pcfg = _prompt_config(job.cfg)
+    pcfg = prompt_config(job.cfg)
     rng = np.random.default_rng(seed)
     for s in range(steps):
         picked = [triples[i] for i in rng.integers(len(triples), size=batch_size)]
@@ -231,7 +232,7 @@ def sample_answers(job: Job, params, triples: Sequence[Triple], *, samples: int,
     """`samples` answers per triple (rows of one triple adjacent; row seeds keyed from
     `first_row`, so a process's share samples as those rows of the whole batch would)."""
     chat = Qwen3ChatRenderer(job.tokenizer)
-    pcfg = _prompt_config(job.cfg)
+    pcfg = prompt_config(job.cfg)
     prompts = [task_lib.prompt_ids(chat, t, pcfg) for t in triples for _ in range(samples)]
     sampler = job.eval_sampler if greedy else job.sampler
     return complete(params, sampler, job.tokenizer, prompts, max_new_tokens=job.cfg.rollout.max_new_tokens,

@@ -1,0 +1,58 @@
+"""launch/rooms_wm_base.py's warm-up batches: both kinds of example, and no next-state knowledge.
+
+The base must keep acting (policy rows: the rooms base's own random valid-action episodes) and
+learn the answer format from targets that carry nothing of the dynamics (copy rows: the current
+state in `<next_state>` tags, never the true next state, which would make every arm WM-SFT)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import random
+
+from jaxscaffold.envs import rooms
+from jaxscaffold.models.chat import Qwen3ChatRenderer
+from jaxscaffold.train.vocabularies import word_tokenizer
+from jaxscaffold.worldmodel import task as task_lib
+from jaxscaffold.worldmodel import triples as triples_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("rooms_wm_base", os.path.join(ROOT, "launch", "rooms_wm_base.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _changing_step(task):
+    """(observation, action, next observation) of the first listed action that changes the state."""
+    for action in rooms.RoomsEnv().reset(task).privileged["valid_actions"]:
+        env = rooms.RoomsEnv()
+        obs = env.reset(task)
+        nxt = env.step(action).observation.text
+        if nxt.strip() != obs.text.strip():
+            return obs.text, action, nxt
+    raise AssertionError("no action changes the state")
+
+
+def test_mixed_batch_keeps_both_kinds_and_copies_only_the_current_state():
+    script, rng = _script(), random.Random(0)
+    tok = word_tokenizer("rooms_wm")
+    chat = Qwen3ChatRenderer(tok)
+    task = rooms.catalogue("train")[0]
+    obs, action, nxt = _changing_step(task)
+    true = triples_lib.from_trajectory("rooms", task.task_id, [obs, nxt], [action])
+    copies = [dataclasses.replace(t, next_state=t.observation) for t in true]
+    pcfg = task_lib.PromptConfig(history_window=1, max_chars=2000)
+    convs = script.mixed_batch(chat, copies, pcfg, rooms.RoomsEnv(), rooms.catalogue("train")[:8], rng,
+                               batch=8, policy_share=0.5)
+    answers = [tok.decode([i for i, m in zip(c.ids, c.assistant_mask) if m]) for c in convs]
+    wm = [a for a in answers if "<next_state>" in a]
+    assert len(convs) == 8 and len(wm) == 4
+    assert all(a.strip() for a in answers)  # policy rows supervise their actions
+    for a in wm:
+        state = task_lib.parse_prediction(a.replace("<|im_end|>", ""))
+        assert state == obs.strip() and state != nxt.strip()
