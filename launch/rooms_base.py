@@ -90,6 +90,27 @@ def base_rows(env, task, chat, rng: random.Random, turns: int, *, hint: float, f
     return rows
 
 
+def random_episode(env, task, chat, rng: random.Random, turns: int) -> tuple[list[int], list[int]]:
+    """(ids, loss mask) of one episode of the uniformly random valid-action policy, no feedback,
+    as one trajectory row (`rollout.representation=trajectory`; each agent turn its action and
+    <|im_end|>). The first run's base was fitted to these; launch/rooms_wm_base.py still uses them."""
+    obs = env.reset(task)
+    ids = chat.render([{"role": "system", "content": system_prompt("rooms")},
+                       {"role": "user", "content": obs.text}], add_generation_prompt=True, enable_thinking=False)
+    mask = [0] * len(ids)
+    for _ in range(turns):
+        action = rng.choice(obs.privileged["valid_actions"])
+        turn = chat.assistant_completion({"role": "assistant", "content": action}, enable_thinking=False)
+        ids, mask = ids + turn, mask + [1] * len(turn)
+        result = env.step(action)
+        if result.done:
+            break
+        obs = result.observation
+        more = chat.continue_with_user(obs.text, enable_thinking=False)
+        ids, mask = ids + more, mask + [0] * len(more)
+    return ids, mask
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir")

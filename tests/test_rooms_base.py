@@ -66,3 +66,13 @@ def test_bad_arguments_are_one_line_errors(tmp_path):
         run = subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args], capture_output=True,
                              text=True, timeout=300)
         assert run.returncode == 2 and run.stderr.strip().count("\n") == 0 and "error" in run.stderr
+
+
+def test_random_episode_keeps_its_trajectory_form():
+    """The trajectory form other launchers (rooms_wm_base) build on: masked turns are listed actions."""
+    tok = word_tokenizer("rooms")
+    task = rooms.catalogue("train")[0]
+    ids, mask = _module("rooms_base").random_episode(rooms.RoomsEnv(), task, Qwen3ChatRenderer(tok),
+                                                     random.Random(0), 5)
+    assert len(ids) == len(mask) and mask[0] == 0 and 0 < sum(mask) < len(mask)
+    assert tok.decode(ids).count("<|im_start|>assistant") == 5  # no 5-action walk wins (plans are >= 6)
