@@ -75,4 +75,5 @@ def test_random_episode_keeps_its_trajectory_form():
     ids, mask = _module("rooms_base").random_episode(rooms.RoomsEnv(), task, Qwen3ChatRenderer(tok),
                                                      random.Random(0), 5)
     assert len(ids) == len(mask) and mask[0] == 0 and 0 < sum(mask) < len(mask)
-    assert tok.decode(ids).count("<|im_start|>assistant") == 5  # no 5-action walk wins (plans are >= 6)
+    # 5 turns (no 5-action walk wins: plans are >= 6), then the next generation prompt
+    assert tok.decode(ids).count("<|im_start|>assistant") == 6
