@@ -24,7 +24,14 @@ def get_config():
     c.rollout.group_size = 8
     c.rollout.max_turns = 14  # plans are 6-12 actions: a little slack
     c.rollout.max_new_tokens = 8  # an action is 2-6 words
-    c.rollout.max_len = 1536
+    # The FEE reference code's step-wise rows, each turn's prompt rebuilt from the task and the
+    # current observation alone (history_window 0: the observation shows the whole state the
+    # agent needs, so the policy is memoryless). A row is <= ~350 tokens where a trajectory of 14
+    # turns reached ~1,900 (past the cache, so every episode was truncated) and made the train
+    # step quadratic in it; the base (launch/rooms_base.py) is fitted to these same rows.
+    c.rollout.representation = "stepwise"
+    c.rollout.history_window = 0
+    c.rollout.max_len = 512
     c.rollout.enable_thinking = False
     c.envs.train = "rooms"
     c.envs.eval = "rooms:test:16"

@@ -1,21 +1,29 @@
-"""A base model for the rooms testbed: `python launch/rooms_base.py OUT_DIR [--steps N]`.
+"""A base model for the rooms testbed: `python launch/rooms_base.py OUT_DIR [--steps N] [--hint P]
+[--follow P] [--oe P]`.
 
 Why: RL from a random init gets no reward on rooms (a random tiny model writes no valid
 action, so every GRPO group is all zeros and nothing learns, with or without feedback). The
-paper starts from an instruct model that already writes valid actions but does not plan.
-This is that stand-in: a from-scratch tiny model on the rooms vocabulary, fitted (supervised,
-loss on the agent's turns only) to episodes of a *uniformly random valid-action* policy on the
-train split, with no feedback text. It learns the chat and action format and to pick one of
-the listed actions; it learns nothing of which action reaches the goal (the random policy
-succeeds in ~2% of 14-turn episodes). Writes an HF directory (config.json + safetensors) that a
-run loads with `model.hf_path=OUT_DIR` and `model.vocabulary=rooms`.
+paper starts from an instruct model that writes valid actions and reads hints, but does not
+plan. This is that stand-in: a from-scratch tiny model on the rooms vocabulary, fitted
+(supervised, loss on the action tokens only) to the step-wise rows (one a turn, as
+configs/rooms.py's rollout renders them) of 14-turn episodes on the train split of a policy that
+  * picks a uniformly random valid (listed) action, except that
+  * on a turn whose observation carries an AG hint (the env's `Hint: ...` line, shown with
+    probability --hint) it takes the hinted action with probability --follow;
+  * an OE checklist is shown on some other turns (--oe) and changes nothing (the base has
+    seen its text, not learnt to use it).
+So the base writes listed actions and can follow guidance, yet without guidance it is the
+random valid-action policy (it wins ~2% of 14-turn episodes): what to do when no hint is shown
+is what RL has to learn. The hint and checklist texts are the feedback enrichers' own
+(`feedback.enrichers.rooms_ag`, `rooms_oe`). Writes an HF directory (config.json +
+safetensors) that a run loads with `model.hf_path=OUT_DIR` and `model.vocabulary=rooms`.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import random
+import os
 import sys
 import time
 
@@ -23,24 +31,69 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import optax  # noqa: E402
 
 from jaxscaffold.envs import rooms  # noqa: E402
-from jaxscaffold.envs.prompts import system_prompt  # noqa: E402
+from jaxscaffold.envs.prompts import history_window_text, system_prompt  # noqa: E402
+from jaxscaffold.feedback.enrichers import rooms_ag, rooms_oe  # noqa: E402
 from jaxscaffold.models import config as model_configs  # noqa: E402
 from jaxscaffold.models import hf_io, qwen3  # noqa: E402
 from jaxscaffold.models.chat import Qwen3ChatRenderer  # noqa: E402
 from jaxscaffold.models.word_tokenizer import padded_vocab_size  # noqa: E402
+from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_sft_step  # noqa: E402
+from jaxscaffold.rollout.conversation import Conversation  # noqa: E402
+from jaxscaffold.train.batching import build_batch  # noqa: E402
 from jaxscaffold.train.vocabularies import word_tokenizer  # noqa: E402
 
-BUCKET = 128  # sequence lengths padded to a multiple of this (few compiled shapes)
+
+def shown(obs, actions, rng: random.Random, hint: float, oe: float) -> tuple[str, bool]:
+    """(the text the agent sees, whether it carries an AG hint) for one turn."""
+    u = rng.random()
+    if u < hint and obs.privileged.get("next_walkthrough_action"):
+        return rooms_ag(obs, actions), True
+    if u < hint + oe:
+        return rooms_oe(obs, actions), False
+    return obs.text, False
+
+
+def base_rows(env, task, chat, rng: random.Random, turns: int, *, hint: float, follow: float,
+              oe: float, history_window: int = 0) -> list[Conversation]:
+    """One episode of the base's teacher policy (module docstring) as the rollout's step-wise
+    rows render it (`rollout.representation=stepwise`, configs/rooms.py): one row a turn, the
+    prompt rebuilt from the task, the last `history_window` steps and the current observation
+    (`envs.prompts.history_window_text`), then the action and <|im_end|> (the loss's tokens)."""
+    obs = env.reset(task)
+    first, actions, seen, rows = obs.text, [], [], []
+    for step in range(turns):
+        text, hinted = shown(obs, actions, rng, hint, oe)
+        if hinted and rng.random() < follow:
+            action = obs.privileged["next_walkthrough_action"]
+        else:
+            action = rng.choice(obs.privileged["valid_actions"])
+        window = list(zip(seen, actions))[-history_window:] if history_window else []
+        user = history_window_text(first, window, text, step)
+        row = Conversation()
+        row.add_context(chat.render([{"role": "system", "content": system_prompt("rooms")},
+                                     {"role": "user", "content": user}], add_generation_prompt=True,
+                                    enable_thinking=False))
+        turn = chat.assistant_completion({"role": "assistant", "content": action}, enable_thinking=False)
+        row.ids += turn
+        row.assistant_mask += [1] * len(turn)
+        row.logprobs += [0.0] * len(turn)
+        rows.append(row)
+        seen.append(text)
+        actions.append(action)
+        result = env.step(action)
+        if result.done:
+            break
+        obs = result.observation
+    return rows
 
 
 def random_episode(env, task, chat, rng: random.Random, turns: int) -> tuple[list[int], list[int]]:
-    """(ids, loss mask) of one episode of the uniformly random valid-action policy, rendered
-    as the rollout renders it (no thinking; each agent turn its action and <|im_end|>)."""
+    """(ids, loss mask) of one episode of the uniformly random valid-action policy, no feedback,
+    as one trajectory row (`rollout.representation=trajectory`; each agent turn its action and
+    <|im_end|>). The first run's base was fitted to these; launch/rooms_wm_base.py still uses them."""
     obs = env.reset(task)
     ids = chat.render([{"role": "system", "content": system_prompt("rooms")},
                        {"role": "user", "content": obs.text}], add_generation_prompt=True, enable_thinking=False)
@@ -58,59 +111,46 @@ def random_episode(env, task, chat, rng: random.Random, turns: int) -> tuple[lis
     return ids, mask
 
 
-def batch(examples) -> tuple[np.ndarray, np.ndarray]:
-    t = -(-max(len(i) for i, _ in examples) // BUCKET) * BUCKET
-    tokens = np.zeros((len(examples), t), np.int32)
-    mask = np.zeros((len(examples), t), np.float32)
-    for r, (ids, m) in enumerate(examples):
-        tokens[r, :len(ids)], mask[r, :len(m)] = ids, m
-    return tokens, mask
-
-
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--turns", type=int, default=6, help="agent turns per training episode (the policy is memoryless)")
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--batch", type=int, default=64, help="rows (agent turns) per step")
+    p.add_argument("--turns", type=int, default=14, help="agent turns of a training episode (rooms.py's max_turns)")
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--hint", type=float, default=0.3, help="probability a turn shows the AG hint")
+    p.add_argument("--follow", type=float, default=0.9, help="probability the hinted action is taken when shown")
+    p.add_argument("--oe", type=float, default=0.1, help="probability a turn shows the OE checklist instead")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    if args.steps < 1 or args.batch < 1 or args.turns < 1 or not args.lr > 0:
-        print("error: --steps, --batch and --turns must be >= 1 and --lr > 0", file=sys.stderr)
+    probs_ok = all(0.0 <= x <= 1.0 for x in (args.hint, args.follow, args.oe)) and args.hint + args.oe <= 1.0
+    if args.steps < 1 or args.batch < 1 or args.turns < 1 or not args.lr > 0 or not probs_ok:
+        print("error: --steps, --batch and --turns must be >= 1, --lr > 0, --hint/--follow/--oe in [0, 1] "
+              "with --hint + --oe <= 1", file=sys.stderr)
         return 2
 
     tok = word_tokenizer("rooms")
     chat = Qwen3ChatRenderer(tok)
     config = model_configs.tiny(vocab_size=padded_vocab_size(tok), compute_dtype="float32", remat_policy="none")
-    params = qwen3.init_params(config, jax.random.key(args.seed))
-    opt = optax.adamw(args.lr, weight_decay=0.0)
-    opt_state = opt.init(params)
-
-    def loss_fn(params, tokens, mask):
-        logits = qwen3.forward(params, config, tokens[:, :-1])  # right padding: no effect on earlier tokens
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        nll = -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
-        m = mask[:, 1:]
-        return jnp.sum(nll * m) / jnp.maximum(jnp.sum(m), 1.0)
-
-    @jax.jit
-    def step(params, opt_state, tokens, mask):
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, mask)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
+    opt = OptimizerConfig(lr=args.lr, weight_decay=0.0)
+    state = init_train_state(qwen3.init_params(config, jax.random.key(args.seed)), opt.make())
+    sft_step = make_sft_step(config, opt)
     rng = random.Random(args.seed)
     tasks = rooms.catalogue("train")
     env = rooms.RoomsEnv()
     start = time.time()
     for i in range(1, args.steps + 1):
-        examples = [random_episode(env, rng.choice(tasks), chat, rng, rng.randint(1, args.turns))
-                    for _ in range(args.batch)]
-        params, opt_state, loss = step(params, opt_state, *map(jnp.asarray, batch(examples)))
-        if i % 25 == 0 or i == args.steps:
-            print(f"step {i}/{args.steps}  loss {float(loss):.3f}  {time.time() - start:.0f}s", flush=True)
-    hf_io.save_pretrained(args.out_dir, config, params)
+        # A batch: turns of random episodes (all of an episode's turns are alike for the
+        # memoryless teacher, so `--batch` rows are drawn from fresh episodes' rows).
+        pool = []
+        while len(pool) < args.batch:
+            pool += base_rows(env, rng.choice(tasks), chat, rng, args.turns, hint=args.hint, follow=args.follow,
+                              oe=args.oe)
+        convs = rng.sample(pool, args.batch)
+        state, metrics = sft_step(state, build_batch(convs, np.zeros(len(convs))))
+        if i % 50 == 0 or i == args.steps:
+            print(f"step {i}/{args.steps}  loss {float(metrics['loss']):.3f}  {time.time() - start:.0f}s", flush=True)
+    hf_io.save_pretrained(args.out_dir, config, jax.device_get(state.params))
     print(f"wrote {args.out_dir}")
     return 0
 

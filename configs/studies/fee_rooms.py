@@ -19,14 +19,15 @@ with `python launch/rooms_base.py $ROOMS_STUDY_DIR/base`) and the runs.
 import os
 
 ROOT = os.environ.get("ROOMS_STUDY_DIR", "runs/studies/fee_rooms")
-# Sized to what this shared 2-core machine gave on the day (a rooms step took ~35 s of wall
-# time at load 10-25, and the first compile ~15 min; see fee_rooms_expected.md): the run of
-# 2026-12-03 had ROOMS_STUDY_STEPS=3 (AG at step 1, OE at steps 2-3), one evaluation at the end. The shapes (4 tasks x 8, max_len
-# 1536, 16 eval tasks) are configs/rooms.py's, so the compiled programs are shared by all runs
-# through JAX's persistent cache (JAX_COMPILATION_CACHE_DIR). On a quiet or bigger machine,
-# raise STEPS (e.g. 200 with switch 100, as the paper).
-STEPS = int(os.environ.get("ROOMS_STUDY_STEPS", "4"))
-SIZE = [f"steps={STEPS}", f"feedback.switch_step={max(1, STEPS // 2)}", f"eval.every={STEPS}",
+# Sized to this shared 2-core machine. Run of 2026-12-03 (1): ROOMS_STUDY_STEPS=3, trajectory rows
+# (a step ~35 s wall at load 10-25). Run (2), fee_rooms_expected.md's second section: step-wise rows
+# of <= ~350 tokens (configs/rooms.py), a base that writes listed actions and follows hints
+# (launch/rooms_base.py), ROOMS_STUDY_STEPS as that section says; evaluations at half and at the
+# end (16 test layouts, greedy). The shapes are configs/rooms.py's, so the compiled programs are
+# shared by all runs through JAX's persistent cache (JAX_COMPILATION_CACHE_DIR). On a quiet or
+# bigger machine, raise STEPS (e.g. 200 with switch 100, as the paper).
+STEPS = int(os.environ.get("ROOMS_STUDY_STEPS", "12"))
+SIZE = [f"steps={STEPS}", f"feedback.switch_step={max(1, STEPS // 2)}", f"eval.every={max(1, STEPS // 2)}",
         f"checkpoint.every={STEPS}"]
 COMMON = [f"model.hf_path={os.path.join(ROOT, 'base')}", *SIZE]
 
