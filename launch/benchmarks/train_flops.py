@@ -201,9 +201,16 @@ def lowered_step(cfg, config, rows: int, length: int, scored: int):
     """The train step `memory_plan.plan` compiles (one device, no mesh), lowered for abstract
     arguments: the FLOP count of a step does not depend on how it is sharded."""
     r, ro = cfg.rl, cfg.rollout
+    # Counted with the XLA attention kernel, explicitly: the accelerators' portable choice is now
+    # `flash`, whose causal inner loops run i + 1 tiles (no constant trip count to multiply). With
+    # flash, attention computes (n + 1) / 2n of T^2 (n tiles of 512) and its backward recomputes
+    # the score tiles: 7 attention matmuls a tile pair instead of 6.
+    config = config.replace(attention_impl="xla")
     opt = OptimizerConfig(lr=r.lr, weight_decay=r.weight_decay, grad_clip=r.grad_clip, warmup_steps=r.warmup_steps)
     algo = preset(r.algorithm, kl_coef=r.kl_coef, entropy_coef=r.entropy_coef)
-    step = make_train_step(config, algo, opt, num_micro_batches=r.micro_batches, with_reference=bool(algo.kl_coef),
+    # One micro-batch: splitting the rows into fee.py's micro-batches runs the same work in a loop
+    # (and the quick case's 8 rows would not split into 32).
+    step = make_train_step(config, algo, opt, num_micro_batches=1, with_reference=bool(algo.kl_coef),
                            agg_constant=float(ro.max_new_tokens * ro.max_turns), backend=Accelerator())
     state = jax.eval_shape(lambda p: init_train_state(p, opt.make()), qwen3.param_shapes(config))
     ints = ("tokens_BT", "segment_ids_BT", "loss_mask_BT")
@@ -229,11 +236,7 @@ def fee_config(quick: bool):
     """configs/fee.py (a RunConfig), its model config, and the batch counted: (rows, length,
     scored positions) of `worst_case_batch`, and one turn's positions (the masked case)."""
     cfg, _, _ = config_lib.from_command_line(["--config", "fee.py"], CONFIGS)
-    # Counted with the XLA attention kernel, explicitly: the accelerators' portable choice is now
-    # `flash`, whose causal inner loops run i + 1 tiles (no constant trip count to multiply). With
-    # flash, attention computes (n + 1) / 2n of T^2 (n tiles of 512) and its backward recomputes
-    # the score tiles: 7 attention matmuls a tile pair instead of 6.
-    config = model_config(cfg).replace(attention_impl="xla")
+    config = model_config(cfg)
     rows, length, scored = worst_case_batch(cfg)
     turn = min(scored, cfg.rollout.max_new_tokens)
     if quick:
