@@ -137,8 +137,13 @@ def train(quick: bool, peak_tflops: float) -> dict:
         jax.block_until_ready(metrics)
 
     seconds = timed(run)
-    flops = 6 * config.num_params() * rows * length if hasattr(config, "num_params") else float("nan")
-    return {"rows": rows, "tokens": rows * length, "seconds_per_step": seconds, "model_flops_6NT": flops,
+    # Model flops as `bench.py train_flops` counts them: 6 N T over the layers' matmuls, the
+    # unembedding on every scored position and causal attention (no embedding lookup, no remat).
+    sys.path.insert(0, os.path.join(ROOT, "launch"))
+    from benchmarks.train_flops import reference_flops
+
+    flops = reference_flops(config, rows, length, length)["total"]
+    return {"rows": rows, "tokens": rows * length, "seconds_per_step": seconds, "model_flops": flops,
             "mfu": flops / seconds / (peak_tflops * 1e12)}
 
 
