@@ -54,6 +54,7 @@ def get_config() -> ConfigDict:
     c.rollout.enable_thinking = True  # Qwen3 thinking mode in the generation prompt
     c.rollout.representation = "trajectory"  # trajectory (one token sequence per episode) | stepwise (the reference code's rows)
     c.rollout.history_window = 2  # stepwise: (observation, action) steps shown in each rebuilt prompt
+    c.rollout.sampler_devices = 0  # devices a host samples on, tensor parallel (0: all of its devices of the training mesh; 1: one device, unsharded on one process)
     c.rollout.max_rows_in_flight = 0  # sampler rows at once: the step's groups in waves of whole groups (0: all at once; a memory knob, the KV cache scales with it)
 
     c.envs = ConfigDict()

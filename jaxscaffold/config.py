@@ -82,6 +82,7 @@ class Rollout:
     enable_thinking: bool
     representation: Literal["trajectory", "stepwise"]
     history_window: int
+    sampler_devices: int = 0  # a host's sampler mesh: its first n devices (0: all; `multihost.rollout_mesh`)
     max_rows_in_flight: int = 0  # a memory knob: the step's groups sampled in waves (`train.waves`)
 
 
@@ -449,6 +450,7 @@ def validate(cfg: RunConfig) -> None:
     for name in ("tasks_per_step", "group_size", "max_turns", "max_new_tokens"):
         _range(f"rollout.{name}", getattr(c, name), 1)
     _range("rollout.history_window", c.history_window, 0)
+    _range("rollout.sampler_devices", c.sampler_devices, 0)
     _range("rollout.max_rows_in_flight", c.max_rows_in_flight, 0)
     if 0 < c.max_rows_in_flight < c.group_size:
         raise ConfigError(f"config.rollout.max_rows_in_flight={c.max_rows_in_flight} must be 0 (all rows at once) "

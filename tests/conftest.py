@@ -63,11 +63,38 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
-# XLA:CPU's compiler crashes now and then inside a long-lived pytest-xdist worker (a segfault
-# or an abort in `backend_compile_and_load`, without an XLA message): about one test in a
-# full -n 2 run, a different one each time (a plan compile, a Qwen2.5 sampler, a stacked-window
-# sampler), never reproduced in a process of its own. Such a test is run once more, in a fresh
-# worker, and reported as "rerun"; a second crash fails it. The cause is not found.
+# Why long-lived pytest-xdist workers crashed inside XLA:CPU's compiler (a segfault or an abort
+# in `backend_compile_and_load`, without an XLA message; about one test a full -n 2 run, a
+# different one each time, never in a process of its own): every compiled CPU program keeps ~6
+# memory mappings of its code while jax caches it, a worker compiles thousands, and at
+# vm.max_map_count (65,530 by default) the next mmap fails. The core dump of such a crash
+# (2026-12-03) had 65,417 mappings. So between tests, a worker past half the limit drops jax's
+# caches, which unmaps them (300 programs: 441 -> 2,321 -> 510 mappings); the next test only
+# recompiles what it uses.
+_MAX_MAPPINGS = 30_000
+
+
+def _mappings() -> int:
+    try:
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+    except OSError:  # not Linux: no such limit to watch
+        return 0
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    if "jax" in sys.modules and _mappings() > _MAX_MAPPINGS:
+        import gc
+
+        import jax
+
+        jax.clear_caches()
+        gc.collect()
+
+
+# Should a worker crash all the same, its test runs once more, in a fresh worker, and is
+# reported as "rerun"; a second crash fails it.
 _CRASH_RERUNS: set[str] = set()
 
 

@@ -126,6 +126,7 @@ def test_overrides_are_parsed_as_their_fields_type():
     ("eval.tasks=-1", r"eval.tasks=-1 must be >= 0"),
     ("eval.batch_size=-2", r"eval.batch_size=-2 must be >= 0"),
     ("eval.at_start=maybe", r"must be a bool"),
+    ("rollout.sampler_devices=-1", r"rollout.sampler_devices=-1 must be >= 0"),
     ("rollout.max_rows_in_flight=-1", r"rollout.max_rows_in_flight=-1 must be >= 0"),
     ("rollout.max_rows_in_flight=4", r"max_rows_in_flight=4 must be 0 \(all rows at once\) or at least rollout.group_size=8"),
 ])

@@ -165,7 +165,7 @@ def build_job(cfg) -> tuple[Job, Any]:
     share = -(-c.tasks_per_step // jax.process_count())
     rows = sampler_rows(c, share)  # one wave's rows (rollout.max_rows_in_flight; default the share's)
     # On several processes each samples on its own devices (tensor parallel; `rollout_mesh`).
-    sampler_mesh, sampler_rules = rollout_mesh(model_config, mesh)
+    sampler_mesh, sampler_rules = rollout_mesh(model_config, mesh, devices=c.sampler_devices)
     sampler = Sampler(model_config, batch_size=rows, max_len=c.max_len, sampling=sampling,
                       cache_dtype=cfg.model.cache_dtype, mesh=sampler_mesh, rules=sampler_rules)
     e = cfg.eval

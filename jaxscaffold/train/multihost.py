@@ -43,19 +43,23 @@ def allgather_json(obj) -> list:
     return [json.loads(rows[p, :sizes[p]].tobytes()) for p in range(len(sizes))]
 
 
-def rollout_mesh(config, train_mesh=None) -> tuple:
+def rollout_mesh(config, train_mesh=None, devices: int = 0) -> tuple:
     """(mesh, rules) the samplers run on: this process's devices (on one process those of
     `train_mesh`, where the parameters are; default all) as `local_mesh` (tensor
     parallel over heads, MLP and vocabulary, the KV cache over kv heads where they divide,
     `local_rules`), on one process as on several, so a host's cache and weights are split
     over its devices (one device holding FEE's 128 x 16k-slot cache would need ~300 GB at
-    4B). One process of one device: (None, the default rules), the unsharded sampler."""
-    devices = None
+    4B). `devices` > 0: only the first that many (1: one device, e.g. to sample as a process
+    of one device does). One process of one device: (None, the default rules), the unsharded
+    sampler."""
     if jax.process_count() == 1:
-        devices = jax.local_devices() if train_mesh is None else list(train_mesh.devices.flat)
-        if len(devices) == 1:
-            return None, DEFAULT_RULES
-    mesh = local_mesh(devices)
+        local = jax.local_devices() if train_mesh is None else list(train_mesh.devices.flat)
+    else:
+        local = jax.local_devices()
+    local = local[:devices] if devices else local
+    if jax.process_count() == 1 and len(local) == 1:
+        return None, DEFAULT_RULES
+    mesh = local_mesh(local)
     return mesh, local_rules(config, mesh.shape["tensor"])
 
 

@@ -42,7 +42,11 @@ cfg = tiny_config(os.path.join(out, "run"), steps=2, **{
     # Arms that act within 3 turns (the late windows start at episode step 5), so the feedback
     # log the test compares is not empty by the luck of the bandit's and the groups' draws.
     "feedback.bandit_arms": "ag_early,oe_early",
-    "eval.every": 2, "eval.tasks": 4, "checkpoint.every": 2, "mesh.devices": 0})
+    "eval.every": 2, "eval.tasks": 4, "checkpoint.every": 2, "mesh.devices": 0,
+    # One process of 2 devices samples as each of the 2 processes of one device does: on one
+    # device (the default would be tensor parallel over both, which rounds the logits apart).
+    "rollout.sampler_devices": 1,
+})
 result = train(cfg, workload=Recording)
 assert jax.process_count() == num_processes and jax.device_count() == 2
 with open(os.path.join(out, f"process{process_id}.json"), "w") as f:
@@ -59,7 +63,7 @@ if num_processes > 1:
     cfg = tiny_config(os.path.join(out, "dapo"), steps=2, **{
         "rl.algorithm": "dapo", "rollout.tasks_per_step": 4, "rollout.group_size": 4,
         "rollout.max_turns": 3, "rollout.max_len": 256, "envs.train": "coin", "envs.eval": "coin",
-        "eval.every": 0, "checkpoint.every": 2, "mesh.devices": 0})
+        "eval.every": 0, "checkpoint.every": 2, "mesh.devices": 0, "rollout.sampler_devices": 1})
     result = train(cfg, workload=Recording)
     won = {}
     for step, group, _, _, success in ran:  # the kept episodes' success by group

@@ -22,7 +22,11 @@ cfg = tiny_config(os.path.join(out, "run"), steps=2, **{
     "rollout.tasks_per_step": 4, "rollout.group_size": 2, "rollout.temperature": 1.0,
     "rollout.max_turns": 3, "rollout.max_len": 256, "envs.train": "coin", "envs.eval": "coin",
     "eval.every": 2, "eval.tasks": 4, "checkpoint.every": 2, "mesh.devices": 0,
-    "lora.rank": 4, "lora.base_dtype": "float32", "rl.lr": 3e-2})
+    "lora.rank": 4, "lora.base_dtype": "float32", "rl.lr": 3e-2,
+    # One process of 2 devices samples as each of the 2 processes of one device does: on one
+    # device (the default would be tensor parallel over both, which rounds the logits apart).
+    "rollout.sampler_devices": 1,
+})
 result = train(cfg)
 assert jax.process_count() == num_processes and jax.device_count() == 2
 with open(os.path.join(out, f"process{process_id}.json"), "w") as f:
