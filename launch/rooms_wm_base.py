@@ -65,16 +65,9 @@ def rooms_base_module():
 
 def copy_conversation(chat, triple, pcfg):
     """A world-model prompt answered with the triple's `next_state` (here the current state)."""
-    from jaxscaffold.rollout.conversation import Conversation
-    from jaxscaffold.worldmodel import task as task_lib
+    from jaxscaffold.train.workloads.world_model import answered_conversation
 
-    conv = Conversation()
-    conv.add_context(task_lib.prompt_ids(chat, triple, pcfg))
-    target = task_lib.target_ids(chat, triple, pcfg)
-    conv.ids += target
-    conv.assistant_mask += [1] * len(target)
-    conv.logprobs += [0.0] * len(target)
-    return conv
+    return answered_conversation(chat, triple, pcfg)
 
 
 def policy_conversation(env, task, chat, rng: random.Random, turns: int):

@@ -14,7 +14,6 @@ cross-entropy instead.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -107,6 +106,18 @@ class WorldModelData:
 def _fits(chat, triple: Triple, cfg) -> bool:
     pcfg = prompt_config(cfg)
     return len(task_lib.prompt_ids(chat, triple, pcfg)) + cfg.rollout.max_new_tokens + 1 <= cfg.rollout.max_len
+
+
+def answered_conversation(chat, triple, pcfg) -> Conversation:
+    """A world-model prompt answered with the triple's `next_state`, the answer trained on
+    (WM-SFT's example)."""
+    conv = Conversation()
+    conv.add_context(task_lib.prompt_ids(chat, triple, pcfg))
+    target = task_lib.target_ids(chat, triple, pcfg)
+    conv.ids += target
+    conv.assistant_mask += [1] * len(target)
+    conv.logprobs += [0.0] * len(target)
+    return conv
 
 
 def prompt_config(cfg) -> task_lib.PromptConfig:
@@ -211,13 +222,7 @@ def sft_on(job: Job, params, triples: Sequence[Triple], *, steps: int, batch_siz
         picked = [triples[i] for i in rng.integers(len(triples), size=batch_size)]
         convs = []
         for t in picked:
-            conv = Conversation()
-            conv.add_context(task_lib.prompt_ids(chat, t, pcfg))
-            target = task_lib.target_ids(chat, t, pcfg)
-            conv.ids += target
-            conv.assistant_mask += [1] * len(target)
-            conv.logprobs += [0.0] * len(target)
-            convs.append(conv)
+            convs.append(answered_conversation(chat, t, pcfg))
         batch = build_batch(convs, np.zeros(len(convs)), row_multiple=job.row_multiple)
         if job.mesh is not None:
             batch = shard_batch(batch, job.mesh)
