@@ -121,17 +121,25 @@ def main(argv: list[str]) -> int:
     p.add_argument("--hint", type=float, default=0.3, help="probability a turn shows the AG hint")
     p.add_argument("--follow", type=float, default=0.9, help="probability the hinted action is taken when shown")
     p.add_argument("--oe", type=float, default=0.1, help="probability a turn shows the OE checklist instead")
+    p.add_argument("--hidden", type=int, default=64, help="model width (heads of 16; the MLP 3x wider)")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--save-every", type=int, default=0, help="also write OUT_DIR/step_N every N steps (0: only the end)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     probs_ok = all(0.0 <= x <= 1.0 for x in (args.hint, args.follow, args.oe)) and args.hint + args.oe <= 1.0
-    if args.steps < 1 or args.batch < 1 or args.turns < 1 or not args.lr > 0 or not probs_ok:
+    sizes_ok = args.hidden >= 16 and args.hidden % 16 == 0 and args.layers >= 1 and args.save_every >= 0
+    if args.steps < 1 or args.batch < 1 or args.turns < 1 or not args.lr > 0 or not probs_ok or not sizes_ok:
         print("error: --steps, --batch and --turns must be >= 1, --lr > 0, --hint/--follow/--oe in [0, 1] "
-              "with --hint + --oe <= 1", file=sys.stderr)
+              "with --hint + --oe <= 1, --hidden a multiple of 16, --layers >= 1, --save-every >= 0",
+              file=sys.stderr)
         return 2
 
     tok = word_tokenizer("rooms")
     chat = Qwen3ChatRenderer(tok)
-    config = model_configs.tiny(vocab_size=padded_vocab_size(tok), compute_dtype="float32", remat_policy="none")
+    config = model_configs.tiny(vocab_size=padded_vocab_size(tok), hidden_size=args.hidden,
+                                intermediate_size=3 * args.hidden, num_layers=args.layers,
+                                num_heads=args.hidden // 16, num_kv_heads=max(1, args.hidden // 32),
+                                compute_dtype="float32", remat_policy="none")
     opt = OptimizerConfig(lr=args.lr, weight_decay=0.0)
     state = init_train_state(qwen3.init_params(config, jax.random.key(args.seed)), opt.make())
     sft_step = make_sft_step(config, opt)
@@ -150,6 +158,8 @@ def main(argv: list[str]) -> int:
         state, metrics = sft_step(state, build_batch(convs, np.zeros(len(convs))))
         if i % 50 == 0 or i == args.steps:
             print(f"step {i}/{args.steps}  loss {float(metrics['loss']):.3f}  {time.time() - start:.0f}s", flush=True)
+        if args.save_every and i % args.save_every == 0 and i < args.steps:
+            hf_io.save_pretrained(os.path.join(args.out_dir, f"step_{i}"), config, jax.device_get(state.params))
     hf_io.save_pretrained(args.out_dir, config, jax.device_get(state.params))
     print(f"wrote {args.out_dir}")
     return 0

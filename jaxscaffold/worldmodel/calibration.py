@@ -257,19 +257,26 @@ def _passes(d: np.ndarray, pairs: tuple[Sequence[str], Sequence[str]], tau: floa
     return ok
 
 
-def report(embedder: Embedder, triples: Sequence[Triple], seed: int = 0, facts: bool = False) -> dict:
-    """The calibration of one embedder on one env's triples: tau_d for the reward (best
-    balanced accuracy of paraphrases against near misses and other states) and for the
-    filter (the distance within which 0.9 of the paraphrases fall: a stricter notion of
-    right), and at the reward's tau_d: the pass rates of true states (paraphrases), of each
-    near-miss kind and overall, and the action-echo template's mean reward. `facts`: the
-    `embedding_facts` reward (the facts must match too)."""
+def report(embedder: Embedder, triples: Sequence[Triple], seed: int = 0) -> dict[str, dict]:
+    """The calibration of one embedder on one env's triples, for both embedding rewards:
+    {"embedding": ..., "embedding_facts": ...} (the second: the facts must match too), from
+    one set of embedded distances. Each: tau_d for the reward (best balanced accuracy of
+    paraphrases against near misses and other states) and for the filter (the distance within
+    which 0.9 of the paraphrases fall: a stricter notion of right), and at the reward's tau_d:
+    the pass rates of true states (paraphrases), of each near-miss kind and overall, and the
+    action-echo template's mean reward."""
     classes_pairs = class_pairs(triples, seed=seed)
     classes = {k: cosine_distances(embedder, a, b) for k, (a, b) in classes_pairs.items()}
-    pairs = classes_pairs["paraphrase"]
     misses = near_misses(triples, seed=seed)
     miss_d = {k: cosine_distances(embedder, a, b) for k, (a, b) in misses.items()}
-    positives = classes["paraphrase"]
+    echo = ([action_echo(t.action) for t in triples], [t.next_state for t in triples])
+    echo_d = cosine_distances(embedder, *echo)
+    return {name: _report_at(classes_pairs, classes, misses, miss_d, echo, echo_d, facts)
+            for name, facts in (("embedding", False), ("embedding_facts", True))}
+
+
+def _report_at(classes_pairs, classes, misses, miss_d, echo, echo_d, facts: bool) -> dict:
+    pairs, positives = classes_pairs["paraphrase"], classes["paraphrase"]
     negatives = np.concatenate([*miss_d.values(), classes["same_game"], classes["other_game"]])
     if facts:  # a negative whose facts differ never passes: only the facts-equal ones constrain tau
         keep = np.concatenate([~np.asarray([same_facts(a, b) for a, b in zip(*misses[k])]) for k in misses])
@@ -277,8 +284,6 @@ def report(embedder: Embedder, triples: Sequence[Triple], seed: int = 0, facts: 
                                     classes["same_game"], classes["other_game"]])
     tau, balanced = choose_tau(positives, negatives)
     tau_filter = float(np.quantile(positives, 0.9)) if len(positives) else tau
-    echo = ([action_echo(t.action) for t in triples], [t.next_state for t in triples])
-    echo_d = cosine_distances(embedder, *echo)
     by_kind = {k: _passes(d, misses[k], tau, facts) for k, d in miss_d.items()}
     all_miss = np.concatenate(list(by_kind.values())) if by_kind else np.zeros(0, bool)
     return {"tau_d": tau, "filter_tau_d": min(tau_filter, tau), "balanced_accuracy": balanced, "facts": facts,

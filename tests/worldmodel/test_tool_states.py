@@ -70,8 +70,8 @@ def test_calibration_goal_on_tau2_training_tasks():
         e.task.env, e.task.task_id, e.observations, e.actions)) if t.next_state.strip()]
     assert len(triples) >= 30
     embedder = make_embedder("minilm")
-    plain = calibration.report(embedder, triples, facts=False)
-    strict = calibration.report(embedder, triples, facts=True)
+    reports = calibration.report(embedder, triples)
+    plain, strict = reports["embedding"], reports["embedding_facts"]
     json_kinds = [k for k in ("json_value", "json_id", "json_status", "tool_text") if k in plain["near_misses"]]
     assert json_kinds and all(plain["near_miss_pass_rate_by_kind"][k] > 0.5 for k in json_kinds)
     assert strict["near_miss_pass_rate"] <= 0.1
