@@ -160,8 +160,8 @@ def test_export_reloads_in_transformers_with_equal_logits(tmp_path):
 
 
 @pytest.mark.slow
-def test_loop_on_real_sciworld_and_bfcl_through_the_pool(tmp_path):
-    """Two steps of the whole loop on real ScienceWorld and BFCL episodes in worker processes
+def test_loop_on_real_sciworld_through_the_pool(tmp_path):
+    """Two steps of the whole loop on real ScienceWorld episodes in worker processes
     (a random model only produces invalid actions: this checks the plumbing, not learning),
     with AG feedback on every training episode and an evaluation that must see none. The
     training tasks are the catalogue's first four (boiling): loading a task and its gold path
@@ -179,13 +179,9 @@ def test_loop_on_real_sciworld_and_bfcl_through_the_pool(tmp_path):
         assert h["rollout/env_steps"] >= 1 and np.isfinite(h["train/loss"])
         assert h["rollout/feedback_ag"] >= 4  # every episode's first observations got AG
     assert hist[1]["eval/feedback_ag"] == 0 and hist[1]["eval/feedback_oe"] == 0  # the standard env
-    # BFCL prompts carry the function docs (2.5-4.5k tokens): a train step on such rows, padded
-    # to the 8 test devices, needs tens of GB on CPU, so BFCL runs in the evaluation here.
-    bfcl = tiny_config(tmp_path / "bfcl", steps=1, **{"eval.every": 1, "checkpoint.every": 1,
-                                                     "envs.eval": "bfcl:validation:2", "envs.num_workers": 1,
-                                                     "eval.tasks": 2, "eval.max_turns": 2, "eval.max_len": 4096})
-    h = train(bfcl)["history"][0]
-    assert h["eval/infra_failures"] == 0 and h["eval/env_steps"] >= 1 and "eval/success_bfcl" in h
+    # BFCL episodes run through the pool in test_embedded_default_smoke's evaluation: its
+    # prompts carry the function docs (2.5-4.5k tokens), and a train step on such rows, padded to
+    # the 8 test devices, needs tens of GB on CPU.
 
 
 def test_stepwise_representation_trains_one_row_per_turn(tmp_path, monkeypatch):
