@@ -20,6 +20,9 @@ def get_config():
     c.model.cache_dtype = "float32"
     c.model.remat_policy = "none"
     c.rl.lr = 1e-2
+    # Up to 448 rows x 512 tokens a step: in one pass the train step held 11-14 GB here (every
+    # attention matrix at once), so two study processes ran the 23 GB machine out of memory.
+    c.rl.micro_batches = 4
     c.rollout.tasks_per_step = 4
     c.rollout.group_size = 8
     c.rollout.max_turns = 14  # plans are 6-12 actions: a little slack

@@ -124,6 +124,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--hidden", type=int, default=64, help="model width (heads of 16; the MLP 3x wider)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--save-every", type=int, default=0, help="also write OUT_DIR/step_N every N steps (0: only the end)")
+    p.add_argument("--cosine", action="store_true", help="decay the learning rate to 0 over --steps (else constant)")
+    p.add_argument("--init", default="", help="start from this HF directory (an earlier base, whose size --hidden/--layers do not change) instead of a random init")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     probs_ok = all(0.0 <= x <= 1.0 for x in (args.hint, args.follow, args.oe)) and args.hint + args.oe <= 1.0
@@ -136,12 +138,17 @@ def main(argv: list[str]) -> int:
 
     tok = word_tokenizer("rooms")
     chat = Qwen3ChatRenderer(tok)
-    config = model_configs.tiny(vocab_size=padded_vocab_size(tok), hidden_size=args.hidden,
-                                intermediate_size=3 * args.hidden, num_layers=args.layers,
-                                num_heads=args.hidden // 16, num_kv_heads=max(1, args.hidden // 32),
-                                compute_dtype="float32", remat_policy="none")
-    opt = OptimizerConfig(lr=args.lr, weight_decay=0.0)
-    state = init_train_state(qwen3.init_params(config, jax.random.key(args.seed)), opt.make())
+    if args.init:
+        config, params = hf_io.load_pretrained(args.init, compute_dtype="float32", remat_policy="none")
+    else:
+        config = model_configs.tiny(vocab_size=padded_vocab_size(tok), hidden_size=args.hidden,
+                                    intermediate_size=3 * args.hidden, num_layers=args.layers,
+                                    num_heads=args.hidden // 16, num_kv_heads=max(1, args.hidden // 32),
+                                    compute_dtype="float32", remat_policy="none")
+        params = qwen3.init_params(config, jax.random.key(args.seed))
+    opt = OptimizerConfig(lr=args.lr, weight_decay=0.0, schedule="cosine" if args.cosine else "constant",
+                          decay_steps=args.steps)
+    state = init_train_state(params, opt.make())
     sft_step = make_sft_step(config, opt)
     rng = random.Random(args.seed)
     tasks = rooms.catalogue("train")

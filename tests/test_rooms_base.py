@@ -77,3 +77,26 @@ def test_random_episode_keeps_its_trajectory_form():
     assert len(ids) == len(mask) and mask[0] == 0 and 0 < sum(mask) < len(mask)
     # 5 turns (no 5-action walk wins: plans are >= 6), then the next generation prompt
     assert tok.decode(ids).count("<|im_start|>assistant") == 6
+
+
+def test_a_base_of_a_given_size_saves_its_steps_and_continues_from_one(tmp_path):
+    """--hidden / --layers size the model, --save-every writes intermediate bases, and --init
+    continues from one (here with the cosine schedule): each output loads as an HF directory."""
+    from jaxscaffold.models import hf_io
+    main = _module("rooms_base").main
+    first = tmp_path / "first"
+    assert main([str(first), "--steps", "2", "--batch", "4", "--hidden", "32", "--layers", "1", "--save-every", "1"]) == 0
+    config, params = hf_io.load_pretrained(str(first / "step_1"))
+    assert (config.hidden_size, config.num_layers, config.num_heads) == (32, 1, 2)
+    _, final = hf_io.load_pretrained(str(first))
+    assert _leaves_differ(params, final)  # step 2 trained on
+    assert main([str(tmp_path / "more"), "--init", str(first), "--steps", "1", "--batch", "4", "--cosine"]) == 0
+    config2, more = hf_io.load_pretrained(str(tmp_path / "more"))
+    assert config2.hidden_size == 32 and _leaves_differ(final, more)
+    assert main([str(tmp_path / "bad"), "--hidden", "40"]) == 2
+
+
+def _leaves_differ(a, b) -> bool:
+    import jax
+    import numpy as np
+    return any(not np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
