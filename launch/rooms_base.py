@@ -125,7 +125,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--save-every", type=int, default=0, help="also write OUT_DIR/step_N every N steps (0: only the end)")
     p.add_argument("--cosine", action="store_true", help="decay the learning rate to 0 over --steps (else constant)")
-    p.add_argument("--init", default="", help="start from this HF directory (an earlier base, whose size --hidden/--layers do not change) instead of a random init")
+    p.add_argument("--init", default="", help="start from this HF directory (an earlier base; its size, not "
+                   "--hidden / --layers) instead of a random init")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     probs_ok = all(0.0 <= x <= 1.0 for x in (args.hint, args.follow, args.oe)) and args.hint + args.oe <= 1.0
