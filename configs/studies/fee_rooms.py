@@ -1,6 +1,6 @@
 """The paper's four FEE comparisons on the rooms testbed (configs/rooms.py), 5 arms x 5 seeds.
 
-Arms (all from the same random-valid-action base, launch/rooms_base.py; GRPO, group 8):
+Arms (all from the same hint-following base, launch/rooms_base.py; GRPO, group 8):
   standard    no feedback (the baseline)
   fee         AG on episode steps 0-2 up to `feedback.switch_step`, OE on steps 5-9 after it
   ag_only     AG on episode steps 0-2 through all of training
@@ -19,16 +19,18 @@ with `python launch/rooms_base.py $ROOMS_STUDY_DIR/base`) and the runs.
 import os
 
 ROOT = os.environ.get("ROOMS_STUDY_DIR", "runs/studies/fee_rooms")
-# Sized to this shared 2-core machine. Run of 2026-12-03 (1): ROOMS_STUDY_STEPS=3, trajectory rows
-# (a step ~35 s wall at load 10-25). Run (2), fee_rooms_expected.md's second section: step-wise rows
-# of <= ~350 tokens (configs/rooms.py), a base that writes listed actions and follows hints
-# (launch/rooms_base.py), ROOMS_STUDY_STEPS as that section says; evaluations at half and at the
-# end (16 test layouts, greedy). The shapes are configs/rooms.py's, so the compiled programs are
-# shared by all runs through JAX's persistent cache (JAX_COMPILATION_CACHE_DIR). On a quiet or
-# bigger machine, raise STEPS (e.g. 200 with switch 100, as the paper).
-STEPS = int(os.environ.get("ROOMS_STUDY_STEPS", "12"))
+# Sized to this shared 2-core machine. Run (1): ROOMS_STUDY_STEPS=3, trajectory rows. Run (2): step-wise
+# rows (configs/rooms.py), a base that did not yet follow hints, 6 steps. Run (3), the default: the
+# base of launch/rooms_base.py's defaults (it takes a shown hint 92% of the time), 16 steps a run
+# (AG early on steps 1-8, OE late on 9-16), evaluations at steps 8 and 16 on 32 test layouts (greedy;
+# one success = 3.1 points), 2 shards, ~1 h here. fee_rooms_expected.md has each run's expectations,
+# written before it ran; fee_rooms_observed.md what it showed. The shapes are configs/rooms.py's, so
+# the compiled programs are shared by all runs through JAX's persistent cache
+# (JAX_COMPILATION_CACHE_DIR). On a quiet or bigger machine, raise STEPS (e.g. 200 with switch 100,
+# as the paper).
+STEPS = int(os.environ.get("ROOMS_STUDY_STEPS", "16"))
 SIZE = [f"steps={STEPS}", f"feedback.switch_step={max(1, STEPS // 2)}", f"eval.every={max(1, STEPS // 2)}",
-        f"checkpoint.every={STEPS}"]
+        f"checkpoint.every={STEPS}", "envs.eval=rooms:test:32"]
 COMMON = [f"model.hf_path={os.path.join(ROOT, 'base')}", *SIZE]
 
 
