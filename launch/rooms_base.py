@@ -24,7 +24,9 @@ the others), the share of hinted turns on which the model takes the hint, AG on 
 0.35 at 500 steps, 0.36 at 1,000, 0.50 at 1,500, 0.92 at 2,000 (success 0.95 with hints on
 every step, 0.09 on the first 3 only, 0.02 without; valid actions 0.87). The earlier defaults
 (hint 0.3, follow 0.9, 300-600 steps) never got there. 2,000 steps took 44 min on one core of
-this shared 2-core machine (at load ~3).
+this shared 2-core machine (at load ~3). That base was trained before the step-wise prompt's
+labels joined the rooms vocabulary (they were the unknown id): a base for the current
+vocabulary is trained afresh.
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_sf
 from jaxscaffold.rollout.conversation import Conversation  # noqa: E402
 from jaxscaffold.train.batching import build_batch  # noqa: E402
 from jaxscaffold.train.vocabularies import word_tokenizer  # noqa: E402
+
+
+# The teacher of the defaults (the base the third FEE study ran from; launch/rooms_wm_base.py's
+# policy rows use it too): a hint on half the turns, always taken; an OE checklist on 10%.
+TEACHER = {"hint": 0.5, "follow": 1.0, "oe": 0.1}
 
 
 def shown(obs, actions, rng: random.Random, hint: float, oe: float) -> tuple[str, bool]:
@@ -98,27 +105,6 @@ def base_rows(env, task, chat, rng: random.Random, turns: int, *, hint: float, f
     return rows
 
 
-def random_episode(env, task, chat, rng: random.Random, turns: int) -> tuple[list[int], list[int]]:
-    """(ids, loss mask) of one episode of the uniformly random valid-action policy, no feedback,
-    as one trajectory row (`rollout.representation=trajectory`; each agent turn its action and
-    <|im_end|>). The first run's base was fitted to these; launch/rooms_wm_base.py still uses them."""
-    obs = env.reset(task)
-    ids = chat.render([{"role": "system", "content": system_prompt("rooms")},
-                       {"role": "user", "content": obs.text}], add_generation_prompt=True, enable_thinking=False)
-    mask = [0] * len(ids)
-    for _ in range(turns):
-        action = rng.choice(obs.privileged["valid_actions"])
-        turn = chat.assistant_completion({"role": "assistant", "content": action}, enable_thinking=False)
-        ids, mask = ids + turn, mask + [1] * len(turn)
-        result = env.step(action)
-        if result.done:
-            break
-        obs = result.observation
-        more = chat.continue_with_user(obs.text, enable_thinking=False)
-        ids, mask = ids + more, mask + [0] * len(more)
-    return ids, mask
-
-
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir")
@@ -126,9 +112,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--batch", type=int, default=64, help="rows (agent turns) per step")
     p.add_argument("--turns", type=int, default=14, help="agent turns of a training episode (rooms.py's max_turns)")
     p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--hint", type=float, default=0.5, help="probability a turn shows the AG hint")
-    p.add_argument("--follow", type=float, default=1.0, help="probability the hinted action is taken when shown")
-    p.add_argument("--oe", type=float, default=0.1, help="probability a turn shows the OE checklist instead")
+    p.add_argument("--hint", type=float, default=TEACHER["hint"], help="probability a turn shows the AG hint")
+    p.add_argument("--follow", type=float, default=TEACHER["follow"], help="probability the hinted action is taken when shown")
+    p.add_argument("--oe", type=float, default=TEACHER["oe"], help="probability a turn shows the OE checklist instead")
     p.add_argument("--hidden", type=int, default=64, help="model width (heads of 16; the MLP 3x wider)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--save-every", type=int, default=0, help="also write OUT_DIR/step_N every N steps (0: only the end)")

@@ -1,12 +1,13 @@
 """The base of the rooms RWML study: `python launch/rooms_wm_base.py ROOMS_BASE OUT_DIR [--warmup-steps N]`.
 
-From launch/rooms_base.py's model (random valid-action SFT on the `rooms` words), two steps:
+From launch/rooms_base.py's model (supervised on its hint-following teacher, `rooms` words), two steps:
 1. the `rooms_wm` vocabulary (`jaxscaffold.models.vocab_transfer`: learned rows kept, RWML's
    words, `<next_state>` among them, freshly initialised);
 2. a format warm-up (N supervised steps, default 500 at lr 2e-3), each batch a mix: `--policy-share` of
-   its rows are the rooms base's own training examples (random valid-action episodes of the
-   train split, launch/rooms_base.py's `random_episode`), the rest explorer triples of the
-   train split answered `<next_state>CURRENT STATE</next_state>`, i.e. the identity world model.
+   its rows are the rooms base's own training examples (step-wise rows of its teacher on the
+   train split, launch/rooms_base.py's `base_rows` with its `TEACHER`), the rest explorer triples
+   of the train split answered `<next_state>CURRENT STATE</next_state>`, i.e. the identity world
+   model.
 Why 2: the paper's base is an instruct model that writes a requested answer format; ours has
 never seen `<next_state>`, so every world-model answer would be unparsable and RWML's GRPO
 would get no signal at all. Copying the current state teaches the format and nothing of the
@@ -56,7 +57,7 @@ def copy_triples(cfg, split: str, tasks: int, seed: int):
 
 
 def rooms_base_module():
-    """launch/rooms_base.py as a module (its public `random_episode`: the base's own examples)."""
+    """launch/rooms_base.py as a module (its public `base_rows` and `TEACHER`: the base's own examples)."""
     spec = importlib.util.spec_from_file_location("rooms_base", os.path.join(ROOT, "launch", "rooms_base.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -71,18 +72,17 @@ def copy_conversation(chat, triple, pcfg):
 
 
 def policy_conversation(env, task, chat, rng: random.Random, turns: int):
-    """One random valid-action episode as launch/rooms_base.py trains on it (loss on the actions)."""
-    from jaxscaffold.rollout.conversation import Conversation
-
-    ids, mask = rooms_base_module().random_episode(env, task, chat, rng, turns)
-    return Conversation(ids=list(ids), assistant_mask=list(mask), logprobs=[0.0] * len(ids))
+    """One turn's step-wise row of the rooms base's teacher (loss on the action), as the base and
+    stage 2 (configs/rooms.py's `rollout.representation=stepwise`) see a turn."""
+    base = rooms_base_module()
+    return rng.choice(base.base_rows(env, task, chat, rng, turns, **base.TEACHER))
 
 
 def mixed_batch(chat, triples, pcfg, env, tasks, rng: random.Random, *, batch: int, policy_share: float,
-                turns: int = 6):
+                turns: int = 14):
     """`batch` conversations: round(batch * policy_share) policy episodes, the rest copy answers."""
     n_policy = round(batch * policy_share)
-    convs = [policy_conversation(env, rng.choice(tasks), chat, rng, rng.randint(1, turns)) for _ in range(n_policy)]
+    convs = [policy_conversation(env, rng.choice(tasks), chat, rng, turns) for _ in range(n_policy)]
     convs += [copy_conversation(chat, rng.choice(triples), pcfg) for _ in range(batch - n_policy)]
     return convs
 
@@ -122,22 +122,24 @@ def warm_up(job, params, triples, *, steps: int, batch: int, lr: float, policy_s
 
 
 def policy_prompts(chat, n: int, seed: int):
-    """(prompt ids, valid actions) of n test-split observations, each after 0-3 random valid steps."""
+    """(prompt ids, valid actions) of n test-split observations, each after 0-3 random valid steps,
+    as a step-wise row shows them (the task's first observation and the current one)."""
     from jaxscaffold.envs import rooms
-    from jaxscaffold.envs.prompts import system_prompt
+    from jaxscaffold.envs.prompts import history_window_text, system_prompt
 
     env, tasks, rng = rooms.RoomsEnv(), rooms.catalogue("test"), random.Random(seed)
     out = []
     for task in tasks[:n]:
         obs = env.reset(task)
+        first, step = obs.text, 0
         for _ in range(rng.randint(0, 3)):
             result = env.step(rng.choice(obs.privileged["valid_actions"]))
             if result.done:
                 break
-            obs = result.observation
+            obs, step = result.observation, step + 1
+        user = history_window_text(first, [], obs.text, step)
         ids = chat.render([{"role": "system", "content": system_prompt("rooms")},
-                           {"role": "user", "content": obs.text}], add_generation_prompt=True,
-                          enable_thinking=False)
+                           {"role": "user", "content": user}], add_generation_prompt=True, enable_thinking=False)
         out.append((ids, list(obs.privileged["valid_actions"])))
     return out
 

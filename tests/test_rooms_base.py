@@ -68,17 +68,6 @@ def test_bad_arguments_are_one_line_errors(tmp_path):
         assert run.returncode == 2 and run.stderr.strip().count("\n") == 0 and "error" in run.stderr
 
 
-def test_random_episode_keeps_its_trajectory_form():
-    """The trajectory form other launchers (rooms_wm_base) build on: masked turns are listed actions."""
-    tok = word_tokenizer("rooms")
-    task = rooms.catalogue("train")[0]
-    ids, mask = _module("rooms_base").random_episode(rooms.RoomsEnv(), task, Qwen3ChatRenderer(tok),
-                                                     random.Random(0), 5)
-    assert len(ids) == len(mask) and mask[0] == 0 and 0 < sum(mask) < len(mask)
-    # 5 turns (no 5-action walk wins: plans are >= 6), then the next generation prompt
-    assert tok.decode(ids).count("<|im_start|>assistant") == 6
-
-
 def test_a_base_of_a_given_size_saves_its_steps_and_continues_from_one(tmp_path):
     """--hidden / --layers size the model, --save-every writes intermediate bases, and --init
     continues from one (here with the cosine schedule): each output loads as an HF directory."""

@@ -1,6 +1,6 @@
 """launch/rooms_wm_base.py's warm-up batches: both kinds of example, and no next-state knowledge.
 
-The base must keep acting (policy rows: the rooms base's own random valid-action episodes) and
+The base must keep acting (policy rows: the rooms base's own step-wise teacher rows) and
 learn the answer format from targets that carry nothing of the dynamics (copy rows: the current
 state in `<next_state>` tags, never the true next state, which would make every arm WM-SFT)."""
 
@@ -53,6 +53,11 @@ def test_mixed_batch_keeps_both_kinds_and_copies_only_the_current_state():
     wm = [a for a in answers if "<next_state>" in a]
     assert len(convs) == 8 and len(wm) == 4
     assert all(a.strip() for a in answers)  # policy rows supervise their actions
+    for conv, answer in zip(convs, answers):
+        if "<next_state>" not in answer:  # a step-wise row: the task and at most the current observation
+            prompt = tok.decode([i for i, m in zip(conv.ids, conv.assistant_mask) if not m])
+            listed = prompt.rsplit("Actions: ", 1)[1].split("\n")[0].split("<|im_end|>")[0].split("; ")
+            assert prompt.count("Goal:") <= 2 and answer.split("</think>")[-1].replace("<|im_end|>", "").strip() in listed
     for a in wm:
         state = task_lib.parse_prediction(a.replace("<|im_end|>", ""))
         assert state == obs.strip() and state != nxt.strip()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 
 from jaxscaffold.envs.base import Observation
-from jaxscaffold.envs.prompts import system_prompt
+from jaxscaffold.envs.prompts import history_window_text, system_prompt
 from jaxscaffold.models.word_tokenizer import WordTokenizer
 
 ACTION_MARKUP = ("<action></action>",)  # an agent may wrap its action (the envs' shared parser)
@@ -25,10 +25,16 @@ def _feedback_texts(env: str) -> tuple[str, ...]:
     return tuple(form(obs, []) for kind in ("ag", "oe") for form in enrichers.FORMS.get((env, kind), {}).values())
 
 
+# The step-wise rows' user prompt (`rollout.representation=stepwise`) around the observations: its
+# labels, with a history window of one so that every label is rendered.
+STEPWISE_LABELS = (history_window_text("", [("", "")], "", 1),)
+
+
 def _rooms_texts() -> tuple[str, ...]:
     from jaxscaffold.envs import rooms
 
-    return rooms.vocabulary_texts() + (system_prompt("rooms"),) + _feedback_texts("rooms") + ACTION_MARKUP
+    return (rooms.vocabulary_texts() + (system_prompt("rooms"),) + _feedback_texts("rooms") + STEPWISE_LABELS
+            + ACTION_MARKUP)
 
 
 def _world_model_texts() -> tuple[str, ...]:

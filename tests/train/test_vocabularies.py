@@ -1,11 +1,12 @@
 """The rooms vocabulary covers every text a rooms run shows or writes: real episodes of the
-test split (gold and random valid actions, every observation with AG and OE added) encode
-without an unknown id and decode back exactly; the chat renders to the ChatML string."""
+test split (gold and random valid actions, every observation with AG and OE added, and the
+step-wise rows' prompts around them) encode without an unknown id and decode back exactly; the
+chat renders to the ChatML string."""
 
 import random
 
 from jaxscaffold.envs import rooms
-from jaxscaffold.envs.prompts import system_prompt
+from jaxscaffold.envs.prompts import history_window_text, system_prompt
 from jaxscaffold.feedback import enrichers
 from jaxscaffold.models.chat import Qwen3ChatRenderer
 from jaxscaffold.train.vocabularies import word_tokenizer
@@ -14,12 +15,14 @@ from jaxscaffold.train.vocabularies import word_tokenizer
 def _episode_texts(task, rng, gold: bool):
     env = rooms.RoomsEnv()
     obs = env.reset(task)
-    texts = []
-    for _ in range(20):
+    first, seen, texts = obs.text, [], []
+    for step in range(20):
         texts += [obs.text, enrichers.rooms_ag(obs, []), enrichers.rooms_oe(obs, [])]
+        texts += [history_window_text(first, seen[-window:] if window else [], obs.text, step) for window in (0, 2)]
         acts = obs.privileged["valid_actions"]
         action = obs.privileged["next_walkthrough_action"] if gold else rng.choice(acts + ["open door"])  # an invalid one too
         texts.append(action)
+        seen.append((obs.text, action))
         result = env.step(action)
         obs = result.observation
         if result.done:
