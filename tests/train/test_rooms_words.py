@@ -20,7 +20,8 @@ def test_rooms_word_model_trains_a_step(tmp_path):
                                   "export.verify": True})
     out = train(config_lib.from_configdict(cfg))
     embed = [x for x in np.asarray(out["state"].params["embed"]).shape]
-    assert embed == [256, 64] and word_tokenizer("rooms").vocab_size <= 256
+    words = word_tokenizer("rooms").vocab_size  # 267: the embedding is its size rounded up to 64 rows
+    assert embed[1] == 64 and embed[0] % 64 == 0 and words <= embed[0] < words + 64 and embed[0] < 151936
     (h,) = out["history"]
     assert h["step"] == 1 and h["train/tokens"] > 0
     assert all(np.isfinite(h[k]) for k in ("train/entropy", "rollout/reward"))
