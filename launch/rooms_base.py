@@ -105,6 +105,16 @@ def base_rows(env, task, chat, rng: random.Random, turns: int, *, hint: float, f
     return rows
 
 
+def teacher_batch(env, tasks, chat, rng: random.Random, n: int, turns: int, *, hint: float, follow: float,
+                  oe: float) -> list[Conversation]:
+    """`n` step-wise teacher rows (`base_rows`) drawn from fresh episodes on random `tasks`: an
+    episode's turns are alike for the memoryless teacher, so every row of an episode is usable."""
+    pool = []
+    while len(pool) < n:
+        pool += base_rows(env, rng.choice(tasks), chat, rng, turns, hint=hint, follow=follow, oe=oe)
+    return rng.sample(pool, n)
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir")
@@ -150,13 +160,8 @@ def main(argv: list[str]) -> int:
     env = rooms.RoomsEnv()
     start = time.time()
     for i in range(1, args.steps + 1):
-        # A batch: turns of random episodes (all of an episode's turns are alike for the
-        # memoryless teacher, so `--batch` rows are drawn from fresh episodes' rows).
-        pool = []
-        while len(pool) < args.batch:
-            pool += base_rows(env, rng.choice(tasks), chat, rng, args.turns, hint=args.hint, follow=args.follow,
+        convs = teacher_batch(env, tasks, chat, rng, args.batch, args.turns, hint=args.hint, follow=args.follow,
                               oe=args.oe)
-        convs = rng.sample(pool, args.batch)
         state, metrics = sft_step(state, build_batch(convs, np.zeros(len(convs))))
         if i % 50 == 0 or i == args.steps:
             print(f"step {i}/{args.steps}  loss {float(metrics['loss']):.3f}  {time.time() - start:.0f}s", flush=True)

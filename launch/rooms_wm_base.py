@@ -5,7 +5,7 @@ From launch/rooms_base.py's model (supervised on its hint-following teacher, `ro
    words, `<next_state>` among them, freshly initialised);
 2. a format warm-up (N supervised steps, default 500 at lr 2e-3), each batch a mix: `--policy-share` of
    its rows are the rooms base's own training examples (step-wise rows of its teacher on the
-   train split, launch/rooms_base.py's `base_rows` with its `TEACHER`), the rest explorer triples
+   train split, launch/rooms_base.py's `teacher_batch` with its `TEACHER`), the rest explorer triples
    of the train split answered `<next_state>CURRENT STATE</next_state>`, i.e. the identity world
    model.
 Why 2: the paper's base is an instruct model that writes a requested answer format; ours has
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -56,34 +57,28 @@ def copy_triples(cfg, split: str, tasks: int, seed: int):
     return [dataclasses.replace(t, next_state=t.observation) for t in triples]
 
 
+@functools.lru_cache(maxsize=None)
 def rooms_base_module():
-    """launch/rooms_base.py as a module (its public `base_rows` and `TEACHER`: the base's own examples)."""
+    """launch/rooms_base.py as a module (its public `teacher_batch` and `TEACHER`: the base's own
+    examples), loaded once."""
     spec = importlib.util.spec_from_file_location("rooms_base", os.path.join(ROOT, "launch", "rooms_base.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def copy_conversation(chat, triple, pcfg):
-    """A world-model prompt answered with the triple's `next_state` (here the current state)."""
-    from jaxscaffold.train.workloads.world_model import answered_conversation
-
-    return answered_conversation(chat, triple, pcfg)
-
-
-def policy_conversation(env, task, chat, rng: random.Random, turns: int):
-    """One turn's step-wise row of the rooms base's teacher (loss on the action), as the base and
-    stage 2 (configs/rooms.py's `rollout.representation=stepwise`) see a turn."""
-    base = rooms_base_module()
-    return rng.choice(base.base_rows(env, task, chat, rng, turns, **base.TEACHER))
-
-
 def mixed_batch(chat, triples, pcfg, env, tasks, rng: random.Random, *, batch: int, policy_share: float,
                 turns: int = 14):
-    """`batch` conversations: round(batch * policy_share) policy episodes, the rest copy answers."""
+    """`batch` conversations: round(batch * policy_share) step-wise rows of the rooms base's
+    teacher (loss on the action, as the base and stage 2, configs/rooms.py's
+    `rollout.representation=stepwise`, see a turn), the rest world-model prompts answered with
+    the triple's `next_state` (here the current state)."""
+    from jaxscaffold.train.workloads.world_model import answered_conversation
+
+    base = rooms_base_module()
     n_policy = round(batch * policy_share)
-    convs = [policy_conversation(env, rng.choice(tasks), chat, rng, turns) for _ in range(n_policy)]
-    convs += [copy_conversation(chat, rng.choice(triples), pcfg) for _ in range(batch - n_policy)]
+    convs = base.teacher_batch(env, tasks, chat, rng, n_policy, turns, **base.TEACHER)
+    convs += [answered_conversation(chat, rng.choice(triples), pcfg) for _ in range(batch - n_policy)]
     return convs
 
 
