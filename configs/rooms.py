@@ -19,7 +19,10 @@ def get_config():
     c.model.compute_dtype = "float32"
     c.model.cache_dtype = "float32"
     c.model.remat_policy = "none"
-    c.rl.lr = 1e-2
+    # 1e-3, not 1e-2: at 1e-2 Adam moved every weight by ~1e-2 a step and its moments kept moving
+    # them after the gradient was 0, so the FEE study's AG arms lost their wins after the first
+    # informative groups (third run, fee_rooms_observed.md); a pilot at 1e-3 kept them.
+    c.rl.lr = 1e-3
     # Up to 448 rows x 512 tokens a step: in one pass the train step held 11-14 GB here (every
     # attention matrix at once), so two study processes ran the 23 GB machine out of memory.
     c.rl.micro_batches = 4
