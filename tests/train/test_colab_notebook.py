@@ -52,9 +52,9 @@ def to_python(source: str) -> str:
 class Runner:
     """Runs cells in one namespace, as a kernel would; shell commands must succeed."""
 
-    def __init__(self, shown: list, monkeypatch):
+    def __init__(self, env: dict, shown: list, monkeypatch):
         self.ns: dict = {"_shell": self.shell, "_cd": self.cd, "__name__": "__main__"}
-        self.outputs = []
+        self.env, self.outputs = env, []
         display = types.ModuleType("IPython.display")  # Colab's display: record what is shown
         display.Image = lambda path: shown.append(path) or path
         display.display = lambda *objs: None
@@ -68,8 +68,7 @@ class Runner:
         return re.sub(r"\{(\w+)\}", lambda m: str(self.ns[m.group(1)]), text)
 
     def shell(self, command: str) -> None:
-        # the kernel's environment, as IPython's `!` passes it (cells may set variables in it)
-        out = subprocess.run(self.expand(command), shell=True, cwd=os.getcwd(), env=dict(os.environ),
+        out = subprocess.run(self.expand(command), shell=True, cwd=os.getcwd(), env=self.env,
                              capture_output=True, text=True, timeout=1200)
         self.outputs.append(out.stdout)
         assert out.returncode == 0, f"{self.expand(command)}\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
@@ -89,20 +88,14 @@ def test_the_notebook_runs_as_written_and_again(tmp_path, monkeypatch):
     config = model_config.tiny()
     hf_io.save_pretrained(str(ckpt), config, qwen3.init_params(config, jax.random.key(0)))
     write_hf_tokenizer(ckpt)
-    for name, value in {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": os.environ.get("JAXSCAFFOLD_TEST_XLA_FLAGS", ""),
-                        "JAXSCAFFOLD_OUTPUTS": str(tmp_path / "out"),
-                        "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),  # `python`: this one
-                        # the notebook's persistent compilation cache on (conftest turns it off for
-                        # this process), every program kept: a tiny model's compiles are short
-                        "JAX_ENABLE_COMPILATION_CACHE": "true", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}.items():
-        monkeypatch.setenv(name, value)
-    # unset for the notebook to set; set first so that monkeypatch records it and undoes the
-    # notebook's value after the test (it does not record a variable that was absent)
-    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "")
-    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=os.environ.get("JAXSCAFFOLD_TEST_XLA_FLAGS", ""),
+               JAXSCAFFOLD_OUTPUTS=str(tmp_path / "out"),
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))  # `python`: this one
+    monkeypatch.setenv("JAXSCAFFOLD_OUTPUTS", str(tmp_path / "out"))
     monkeypatch.chdir(tmp_path)
     shown: list = []
-    runner = Runner(shown, monkeypatch)
+    runner = Runner(env, shown, monkeypatch)
     settings = {"MODEL": str(ckpt), "EXTRA": SHORT, "REPO_DIR": ROOT, "MORE_STEPS": 3}
     cells = code_cells()
     for i, cell in enumerate(cells):
@@ -114,8 +107,6 @@ def test_the_notebook_runs_as_written_and_again(tmp_path, monkeypatch):
     assert results["step"] == 3 and results["total_steps"] == 3  # the resume cell went on to MORE_STEPS
     assert (tmp_path / "out" / "hf" / "colab" / "config.json").exists()
     assert (tmp_path / "out" / "hf" / "colab_peft" / "adapter_config.json").exists()
-    assert os.environ["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "out" / "jax_cache")
-    assert os.listdir(tmp_path / "out" / "jax_cache")  # the runs' programs were kept for the next
     history = {h["step"]: h for h in map(json.loads, open(run_dir / "metrics.jsonl"))}
     # both phases ran: AG on early episode steps at step 1 (<= switch_step), OE on late ones after
     assert history[1]["rollout/feedback_ag"] > 0 and history[1]["rollout/feedback_oe"] == 0
