@@ -10,10 +10,6 @@ other piece gets `unk_id` (decoded as U+FFFD), so encoding never fails. Every le
 `words` (and of the chat roles, `CHAT_WORDS`) is in the vocabulary with and without its
 leading space, as are the digits, the printable ASCII punctuation, "\\n", " " and "\\t".
 
-`tags` (markup such as "</next_state>") are single pieces, matched before the rules above: a
-small model then closes a block with one id after which the end of turn follows, instead of
-six ("<", "/", "next", "_", "state", ">") whose last one also ends the opening tag.
-
 Control tokens are Qwen3's chat structure tokens (<|im_start|>, <|im_end|>, <think>, ...), so
 `jaxscaffold.models.chat.Qwen3ChatRenderer` renders chats with it unchanged. As with the other
 tokenizers, `encode` treats all text as data: "<|im_end|>" in a message becomes the pieces
@@ -49,13 +45,11 @@ class WordTokenizer(Tokenizer):
     """Word-level ids over a fixed word list; ids: control tokens, unk, then the pieces (in
     a deterministic order: the sorted words, then digits and punctuation)."""
 
-    def __init__(self, words: Iterable[str], tags: Iterable[str] = ()):
+    def __init__(self, words: Iterable[str]):
         found = sorted({w for text in (*words, *CHAT_WORDS) for w in _WORD.findall(text)})
         chars = list(string.digits) + list(string.punctuation)
         vocab = [p for w in found for p in (w, " " + w)] + [p for c in chars for p in (c, " " + c)]
-        self.tags = tuple(sorted(set(tags), key=lambda t: (-len(t), t)))  # longest first: the regex takes the first match
-        vocab += ["\n", " ", "\t", *self.tags]  # tags last: a vocabulary's other ids do not move
-        self._piece = re.compile("|".join([*map(re.escape, self.tags), _PIECE.pattern]))
+        vocab += ["\n", " ", "\t"]
         self._special = {tok: i for i, tok in enumerate(CONTROL_TOKENS)}
         self.unk_id = len(CONTROL_TOKENS)
         start = self.unk_id + 1
@@ -63,12 +57,8 @@ class WordTokenizer(Tokenizer):
         self._text = [*CONTROL_TOKENS, UNK_TEXT, *vocab]
         self.words = tuple(found)
 
-    def pieces(self, text: str) -> list[str]:
-        """The pieces `text` is split into: `tags` whole, the rest as the module's `pieces`."""
-        return self._piece.findall(text)
-
     def encode(self, text: str) -> list[int]:
-        return [self._ids.get(p, self.unk_id) for p in self.pieces(text)]
+        return [self._ids.get(p, self.unk_id) for p in pieces(text)]
 
     def decode(self, ids: Iterable[int]) -> str:
         n = len(self._text)
@@ -95,7 +85,7 @@ class WordTokenizer(Tokenizer):
         from tokenizers import Tokenizer as HFTokenizer
 
         hf = HFTokenizer(models.WordLevel({text: i for i, text in enumerate(self._text)}, unk_token=UNK_TEXT))
-        hf.pre_tokenizer = pre_tokenizers.Split(Regex(self._piece.pattern), behavior="isolated")
+        hf.pre_tokenizer = pre_tokenizers.Split(Regex(_PIECE.pattern), behavior="isolated")
         hf.decoder = decoders.Fuse()  # pieces carry their own spaces: concatenate them
         hf.add_special_tokens(list(CONTROL_TOKENS))
         os.makedirs(directory, exist_ok=True)

@@ -55,10 +55,6 @@ def _rooms_wm_texts() -> tuple[str, ...]:
 
 
 VOCABULARIES = {"rooms": _rooms_texts, "rooms_wm": _rooms_wm_texts}
-# Markup kept as one id each (models/word_tokenizer.py): RWML's answer tags. With them in pieces,
-# the rooms world model (2 layers) wrote "...look</next_state>" and went on instead of ending its
-# turn: no greedy answer of the warm-up's held-out check parsed (2026-12-03).
-TAGS = {"rooms_wm": ("<next_state>", "</next_state>")}
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,4 +62,4 @@ def word_tokenizer(name: str) -> WordTokenizer:
     """The `WordTokenizer` of vocabulary `name` (a key of VOCABULARIES)."""
     if name not in VOCABULARIES:
         raise KeyError(f"unknown vocabulary {name!r}; known: {', '.join(VOCABULARIES)}")
-    return WordTokenizer(VOCABULARIES[name](), tags=TAGS.get(name, ()))
+    return WordTokenizer(VOCABULARIES[name]())

@@ -69,24 +69,3 @@ def test_hf_fast_tokenizer_encodes_and_decodes_as_the_word_tokenizer(tok, tmp_pa
         assert hf.decode(ids) == tok.decode(ids)
     assert tok.unk_id in tok.encode("zorb")
     assert {t: hf.convert_tokens_to_ids(t) for t in CONTROL_TOKENS} == tok.special_ids
-
-
-def test_tags_are_one_piece_each_and_the_hf_tokenizer_agrees(tok, tmp_path):
-    """A tag is one id (its letters and punctuation otherwise six); the other ids do not move;
-    text around and inside the tags still splits as without them; the HF export agrees."""
-    from transformers import AutoTokenizer
-
-    tagged = WordTokenizer(WORDS, tags=("<action>", "</action>"))
-    text = "<action>go to red</action> <action>\n</action>box"
-    ids = tagged.encode(text)
-    assert tagged.decode(ids) == text
-    opening, closing = tagged.encode("<action>"), tagged.encode("</action>")
-    assert len(opening) == len(closing) == 1 and ids[0] == opening[0] and ids[4] == closing[0]
-    assert len(tok.encode("</action>")) == 4  # "<", "/", "action", ">" without the tag
-    assert tagged.pieces(text)[1:4] == pieces("go to red")
-    assert tagged.vocab_size == tok.vocab_size + 2
-    assert all(tagged.encode(t) == tok.encode(t) for t in ("go to red; look", "Goal: put the gem in the box."))
-    tagged.save_hf(str(tmp_path))
-    hf = AutoTokenizer.from_pretrained(str(tmp_path))
-    for t in (text, "look</action></action>", "<action"):
-        assert hf.encode(t, add_special_tokens=False) == tagged.encode(t), t
