@@ -91,7 +91,8 @@ def main(argv: list[str]) -> int:
     out = {}
     for name, (greedy, hint_steps) in CONDITIONS.items():
         sampler = Sampler(config, batch_size=len(tasks), max_len=MAX_LEN,
-                          sampling=GREEDY if greedy else SamplingConfig(temperature=1.0), cache_dtype="float32")
+                          sampling=GREEDY if greedy else SamplingConfig(temperature=1.0), stop_ids=tok.eos_ids,
+                          cache_dtype="float32")
         out[name] = play(params, sampler, tok, chat, tasks, hint_steps=hint_steps, seed=args.seed)
         if not args.json:
             r = out[name]

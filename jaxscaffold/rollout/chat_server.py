@@ -134,7 +134,7 @@ class ChatServer:
             temperature, top_p = key
             sampling = GREEDY if temperature <= 0 else SamplingConfig(temperature=temperature, top_p=top_p)
             self._samplers[key] = Sampler(self.config, batch_size=self.slots, max_len=self.max_len,
-                                          sampling=sampling)
+                                          sampling=sampling, stop_ids=self.tokenizer.eos_ids)
         return self._samplers[key]
 
     def submit(self, request: dict) -> concurrent.futures.Future:

@@ -39,7 +39,9 @@ from jaxscaffold.models.config import Qwen3Config
 from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules
 from jaxscaffold.rollout.sampling import SamplingConfig, sample
 
-DEFAULT_STOP_IDS = (151645, 151643)  # <|im_end|>, <|endoftext|>
+# Qwen3's <|im_end|>, <|endoftext|>. A run passes its tokenizer's `eos_ids` (a word-level
+# vocabulary numbers them 2 and 0: with this default its turns never ended before max_new_tokens).
+DEFAULT_STOP_IDS = (151645, 151643)
 
 
 class ContextOverflow(ValueError):
@@ -167,7 +169,7 @@ class Sampler:
       batch_size: number of slots (rows decoded together).
       max_len: cache capacity per slot, in tokens.
       sampling: temperature / top-p / top-k (greedy when temperature is 0).
-      stop_ids: tokens that end a turn (kept in the output).
+      stop_ids: tokens that end a turn (kept in the output): the tokenizer's `eos_ids`.
       cache_dtype: KV cache dtype (bf16 halves cache memory and bandwidth).
       mesh, rules: shard the cache (rows over the batch axes, kv heads over `tensor`);
         parameters keep the shardings they were placed with.

@@ -167,11 +167,13 @@ def build_job(cfg) -> tuple[Job, Any]:
     # On several processes each samples on its own devices (tensor parallel; `rollout_mesh`).
     sampler_mesh, sampler_rules = rollout_mesh(model_config, mesh, devices=c.sampler_devices)
     sampler = Sampler(model_config, batch_size=rows, max_len=c.max_len, sampling=sampling,
-                      cache_dtype=cfg.model.cache_dtype, mesh=sampler_mesh, rules=sampler_rules)
+                      stop_ids=tokenizer.eos_ids, cache_dtype=cfg.model.cache_dtype, mesh=sampler_mesh,
+                      rules=sampler_rules)
     e = cfg.eval
     eval_rows = e.batch_size or (min(rows, max(1, -(-e.tasks // jax.process_count()))) if e.tasks else rows)
     eval_sampler = Sampler(model_config, batch_size=eval_rows, max_len=cfg.eval.max_len or c.max_len,
-                           sampling=GREEDY, cache_dtype=cfg.model.cache_dtype, mesh=sampler_mesh,
+                           sampling=GREEDY, stop_ids=tokenizer.eos_ids, cache_dtype=cfg.model.cache_dtype,
+                           mesh=sampler_mesh,
                            rules=sampler_rules)
     job = Job(cfg, mesh, model_config, tokenizer, sampler, eval_sampler, step_fn, algo,
               row_multiple=r.micro_batches * data_parallel, ref_params=ref_params, lora=lora,

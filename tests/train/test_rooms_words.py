@@ -38,3 +38,28 @@ def test_rooms_word_model_trains_a_step(tmp_path):
         assert ids == words.encode(text), text
         assert hf.decode(ids) == words.decode(ids)
     assert hf.convert_tokens_to_ids("<|im_end|>") == words.special_ids["<|im_end|>"]
+
+
+def test_a_turn_ends_at_the_vocabularys_own_end_token():
+    """The job's samplers stop at the run's tokenizer's end ids (the word vocabulary's
+    <|endoftext|> is id 0, its <|im_end|> id 2), not at Qwen3's 151,643 / 151,645: with Qwen3's,
+    every rooms turn ran to max_new_tokens past its <|im_end|>. With the LM head zeroed all logits
+    tie and greedy decoding takes id 0, so a stopping turn is exactly that one token."""
+    import jax
+
+    from jaxscaffold.episodes.driver import complete
+    from jaxscaffold.models.chat import Qwen3ChatRenderer
+    from jaxscaffold.train.job import build_job
+
+    cfg = config_lib.from_configdict(load_config("rooms", **{"mesh.devices": 1, "rollout.max_len": 512}))
+    job, state = build_job(cfg)
+    words = word_tokenizer("rooms")
+    assert job.tokenizer.eos_ids == words.eos_ids and set(words.eos_ids) == {0, 2}
+    for sampler in (job.sampler, job.eval_sampler):
+        assert sorted(sampler.stop_ids.tolist()) == sorted(words.eos_ids)
+    head = "lm_head" if "lm_head" in state.params else "embed"
+    params = {**state.params, head: jax.numpy.zeros_like(state.params[head])}
+    prompt = Qwen3ChatRenderer(words).render([{"role": "user", "content": "look"}], add_generation_prompt=True,
+                                             enable_thinking=False)
+    (conv, text), = complete(params, job.eval_sampler, words, [prompt], max_new_tokens=8, seed=0)
+    assert conv.ids[len(prompt):] == [0] and text == ""

@@ -71,7 +71,7 @@ def policy_trajectories(job: Job, params, envs, tasks: Sequence[Task]) -> list[E
     rcfg = RolloutConfig(max_turns=w.collect_max_turns, max_new_tokens=job.cfg.rollout.max_new_tokens,
                          enable_thinking=job.cfg.rollout.enable_thinking)
     sampler = Sampler(job.model_config, batch_size=job.sampler.batch_size, max_len=job.cfg.rollout.max_len,
-                      sampling=SamplingConfig(temperature=w.collect_temperature),
+                      sampling=SamplingConfig(temperature=w.collect_temperature), stop_ids=job.sampler.stop_ids,
                       cache_dtype=job.cfg.model.cache_dtype, mesh=job.sampler.mesh, rules=job.sampler.rules)
     params = sampler_params(params, sampler)
     flat = [t for t in tasks for _ in range(w.rollouts_per_task)]
@@ -310,7 +310,8 @@ def _judge_chat(job: Job):
     config, params = hf_io.load_pretrained(path, mesh=job.mesh, compute_dtype=job.cfg.model.compute_dtype)
     tokenizer = load_tokenizer(path)
     chat = Qwen3ChatRenderer(tokenizer)
-    sampler = Sampler(config, batch_size=1, max_len=job.cfg.rollout.max_len, sampling=GREEDY)
+    sampler = Sampler(config, batch_size=1, max_len=job.cfg.rollout.max_len, sampling=GREEDY,
+                      stop_ids=tokenizer.eos_ids)
 
     def reply(messages):
         ids = chat.render(messages, add_generation_prompt=True, enable_thinking=False)
