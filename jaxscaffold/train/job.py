@@ -173,8 +173,7 @@ def build_job(cfg) -> tuple[Job, Any]:
     eval_rows = e.batch_size or (min(rows, max(1, -(-e.tasks // jax.process_count()))) if e.tasks else rows)
     eval_sampler = Sampler(model_config, batch_size=eval_rows, max_len=cfg.eval.max_len or c.max_len,
                            sampling=GREEDY, stop_ids=tokenizer.eos_ids, cache_dtype=cfg.model.cache_dtype,
-                           mesh=sampler_mesh,
-                           rules=sampler_rules)
+                           mesh=sampler_mesh, rules=sampler_rules)
     job = Job(cfg, mesh, model_config, tokenizer, sampler, eval_sampler, step_fn, algo,
               row_multiple=r.micro_batches * data_parallel, ref_params=ref_params, lora=lora,
               base_params=base_params)
