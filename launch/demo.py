@@ -55,7 +55,7 @@ def main() -> None:
                          add_generation_prompt=True)
     print(f"[chat] prompt of {len(prompt)} ids: {tokenizer.decode(prompt)!r}")
 
-    sampler = Sampler(config, batch_size=2, max_len=512, sampling=SamplingConfig(temperature=1.0, top_p=0.95),
+    sampler = Sampler(config, stop_ids=tokenizer.eos_ids, batch_size=2, max_len=512, sampling=SamplingConfig(temperature=1.0, top_p=0.95),
                       mesh=None)
     rollouts = MultiTurn(sampler)
     rollouts.extend(params, {0: prompt, 1: prompt})

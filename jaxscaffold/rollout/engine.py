@@ -39,11 +39,6 @@ from jaxscaffold.models.config import Qwen3Config
 from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules
 from jaxscaffold.rollout.sampling import SamplingConfig, sample
 
-# Qwen3's <|im_end|>, <|endoftext|>. A run passes its tokenizer's `eos_ids` (a word-level
-# vocabulary numbers them 2 and 0: with this default its turns never ended before max_new_tokens).
-DEFAULT_STOP_IDS = (151645, 151643)
-
-
 class ContextOverflow(ValueError):
     """A slot has no room for the tokens it was given."""
 
@@ -169,7 +164,9 @@ class Sampler:
       batch_size: number of slots (rows decoded together).
       max_len: cache capacity per slot, in tokens.
       sampling: temperature / top-p / top-k (greedy when temperature is 0).
-      stop_ids: tokens that end a turn (kept in the output): the tokenizer's `eos_ids`.
+      stop_ids: tokens that end a turn (kept in the output): the tokenizer's `eos_ids`, or ()
+        to decode every turn to its token budget. Required, and checked against the vocabulary:
+        a default (Qwen3's ids) once let the word-vocabulary runs decode past every end.
       cache_dtype: KV cache dtype (bf16 halves cache memory and bandwidth).
       mesh, rules: shard the cache (rows over the batch axes, kv heads over `tensor`);
         parameters keep the shardings they were placed with.
@@ -189,7 +186,7 @@ class Sampler:
     """
 
     def __init__(self, config: Qwen3Config, *, batch_size: int, max_len: int,
-                 sampling: SamplingConfig = SamplingConfig(), stop_ids: Sequence[int] = DEFAULT_STOP_IDS,
+                 stop_ids: Sequence[int], sampling: SamplingConfig = SamplingConfig(),
                  cache_dtype: str = "bfloat16", mesh=None, rules: ShardingRules = DEFAULT_RULES,
                  prefill_buckets: Sequence[int] | None = None,
                  decode_buckets: Sequence[int] | None = None,
@@ -199,6 +196,10 @@ class Sampler:
             raise ValueError("an embedding model cannot generate")
         self.config, self.batch_size, self.max_len = config, batch_size, max_len
         self.sampling, self.cache_dtype = sampling, cache_dtype
+        outside = sorted(i for i in set(stop_ids) if not 0 <= i < config.vocab_size)
+        if outside:
+            raise ValueError(f"stop ids {outside} are outside the model's vocabulary of {config.vocab_size}: "
+                             "pass the tokenizer's eos_ids (or () to never stop)")
         self.stop_ids = np.asarray(sorted(set(stop_ids)), np.int32)
         self.prefill_buckets = tuple(prefill_buckets or buckets.ladder(16, max_len))
         self.decode_buckets = tuple(decode_buckets or buckets.ladder(16, max_len))

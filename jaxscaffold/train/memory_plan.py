@@ -217,7 +217,7 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
     # The sampler: rows of this process's share of the groups, its cache as it is built.
     share = -(-c.tasks_per_step // jax.process_count())
     local, local_rules = rollout_mesh(config, mesh, devices=c.sampler_devices)  # each process samples on its own devices
-    sampler = Sampler(config, batch_size=sampler_rows(c, share), max_len=c.max_len, cache_dtype=cfg.model.cache_dtype,
+    sampler = Sampler(config, stop_ids=(), batch_size=sampler_rows(c, share), max_len=c.max_len, cache_dtype=cfg.model.cache_dtype,
                       layout="stacked", mesh=local, rules=local_rules)
     cache = jax.eval_shape(sampler.init_state)
     cache_sh = sampler.programs.state_shardings()

@@ -91,8 +91,8 @@ def run(quick: bool = False) -> None:
         config = model_configs.preset(name, param_dtype="bfloat16", compute_dtype="bfloat16", **overrides)
         params = qwen3.param_shapes(config)
         programs = {
-            "windowed": Sampler(config, batch_size=rows, max_len=capacity, layout="stacked"),
-            "full": Sampler(config, batch_size=rows, max_len=capacity, layout="stacked", window_buckets=(capacity,)),
+            "windowed": Sampler(config, stop_ids=(), batch_size=rows, max_len=capacity, layout="stacked"),
+            "full": Sampler(config, stop_ids=(), batch_size=rows, max_len=capacity, layout="stacked", window_buckets=(capacity,)),
         }
         REPORT.say(f"# {name} ({config.num_layers} layers), bf16, {rows} rows, cache {capacity}: weights "
                    f"{nbytes(params) / GB:.2f} GB")

@@ -36,9 +36,9 @@ def test_a_sampler_layout_chooses_the_backend(monkeypatch):
 
 
 def test_equal_samplers_share_one_program_key():
-    a, b = (Sampler(CONFIG, batch_size=2, max_len=32, layout="per_layer", column_blocks=2) for _ in range(2))
+    a, b = (Sampler(CONFIG, stop_ids=(), batch_size=2, max_len=32, layout="per_layer", column_blocks=2) for _ in range(2))
     assert a.programs == b.programs and hash(a.programs) == hash(b.programs)
-    assert a.programs != Sampler(CONFIG, batch_size=2, max_len=32, layout="stacked").programs
+    assert a.programs != Sampler(CONFIG, stop_ids=(), batch_size=2, max_len=32, layout="stacked").programs
 
 
 def test_training_kernels_come_from_the_backend():
@@ -80,9 +80,9 @@ def test_only_backends_and_the_compiler_read_the_platform():
 
 def test_the_accelerator_cache_holds_bf16_as_bf16():
     """On TPU / GPU the bf16 cache is bf16 (the bits-as-uint16 form is XLA:CPU's alone)."""
-    state = Sampler(CONFIG, batch_size=2, max_len=32, layout="stacked", cache_dtype="bfloat16").init_state()
+    state = Sampler(CONFIG, stop_ids=(), batch_size=2, max_len=32, layout="stacked", cache_dtype="bfloat16").init_state()
     assert state.cache.k.dtype == state.cache.v.dtype == jnp.bfloat16 and state.cache.k.ndim == 5
-    state = Sampler(CONFIG, batch_size=2, max_len=32, layout="per_layer", cache_dtype="bfloat16").init_state()
+    state = Sampler(CONFIG, stop_ids=(), batch_size=2, max_len=32, layout="per_layer", cache_dtype="bfloat16").init_state()
     assert len(state.cache.k) == CONFIG.num_layers and state.cache.k[0].dtype == jnp.uint16
 
 

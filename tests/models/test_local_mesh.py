@@ -10,6 +10,7 @@ from jax.sharding import Mesh
 from jaxscaffold import backends
 from jaxscaffold.models import qwen3
 from jaxscaffold.models.config import Qwen3Config, tiny
+from jaxscaffold.models.hf_io import EOS_IDS
 from jaxscaffold.models.local_mesh import device_bytes, local_mesh, local_rules, to_local
 from jaxscaffold.models.sharding import DEFAULT_RULES, MESH_AXES, MeshConfig, make_mesh
 from jaxscaffold.rollout.engine import Sampler
@@ -54,7 +55,7 @@ def test_to_local_keeps_values_and_splits_bytes_on_device():
 def test_sampler_cache_replicated_where_kv_heads_do_not_divide():
     c = tiny()
     mesh = local_mesh()
-    sampler = Sampler(c, batch_size=2, max_len=32, mesh=mesh, rules=local_rules(c, 8))
+    sampler = Sampler(c, stop_ids=EOS_IDS, batch_size=2, max_len=32, mesh=mesh, rules=local_rules(c, 8))
     state = sampler.init_state()
     for buf in jax.tree.leaves(state.cache.k):
         assert buf.sharding.is_fully_replicated

@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from jaxscaffold.backends import cpu
-from jaxscaffold.models import hf_io, qwen3
+from jaxscaffold.models import config as model_config, hf_io, qwen3
 from jaxscaffold.models.sharding import MeshConfig, make_mesh
 from jaxscaffold.rollout.conversation import MultiTurn
 from jaxscaffold.rollout.engine import Sampler
@@ -376,3 +376,13 @@ def test_top_p_keeps_at_least_the_most_likely_token():
     logits = jnp.asarray([[5.0, 0.0, -1.0]])
     out = sampling_logits(logits, SamplingConfig(temperature=1.0, top_p=0.01))
     assert np.isfinite(np.asarray(out)[0, 0]) and np.all(np.isinf(np.asarray(out)[0, 1:]))
+
+
+def test_stop_ids_are_required_and_must_be_in_the_vocabulary():
+    """A default (Qwen3's end ids) once let word-vocabulary runs decode past every end."""
+    small = model_config.tiny().replace(vocab_size=64)
+    with pytest.raises(TypeError):
+        Sampler(small, batch_size=1, max_len=32)
+    with pytest.raises(ValueError, match=r"stop ids \[151643, 151645\] are outside"):
+        Sampler(small, batch_size=1, max_len=32, stop_ids=(151645, 151643))
+    assert list(Sampler(small, batch_size=1, max_len=32, stop_ids=(2, 0)).stop_ids) == [0, 2]

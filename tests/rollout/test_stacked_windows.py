@@ -10,6 +10,7 @@ import pytest
 
 from jaxscaffold.models import config as model_configs
 from jaxscaffold.models import qwen3
+from jaxscaffold.models.hf_io import EOS_IDS
 from jaxscaffold.rollout import engine
 from jaxscaffold.rollout.engine import Sampler
 from jaxscaffold.rollout.sampling import SamplingConfig
@@ -64,7 +65,7 @@ def test_a_windowed_decode_reads_only_its_window(tiny):
     dynamic slices), the full-capacity one every slot."""
     config, _ = tiny
     for buckets, slots in ((None, 128), ((CAPACITY,), CAPACITY)):
-        sampler = Sampler(config, batch_size=2, max_len=CAPACITY, layout="stacked", window_buckets=buckets)
+        sampler = Sampler(config, stop_ids=EOS_IDS, batch_size=2, max_len=CAPACITY, layout="stacked", window_buckets=buckets)
         lowered = sampler.lower_decode(qwen3.param_shapes(config), jax.eval_shape(sampler.init_state),
                                        window=sampler.decode_window(100))
         text = lowered.as_text(dialect="hlo")
@@ -75,11 +76,11 @@ def test_a_windowed_decode_reads_only_its_window(tiny):
 
 def test_window_buckets_must_end_at_the_capacity(tiny):
     config, _ = tiny
-    assert Sampler(config, batch_size=1, max_len=700).prefill_window_buckets == (128, 256, 512, 700)
-    assert Sampler(config, batch_size=1, max_len=700, window_buckets=(192, 700)).prefill_window_buckets == (700,)
+    assert Sampler(config, stop_ids=EOS_IDS, batch_size=1, max_len=700).prefill_window_buckets == (128, 256, 512, 700)
+    assert Sampler(config, stop_ids=EOS_IDS, batch_size=1, max_len=700, window_buckets=(192, 700)).prefill_window_buckets == (700,)
     for bad in ((128, 256), (256, 128, 700)):
         with pytest.raises(ValueError, match="window_buckets"):
-            Sampler(config, batch_size=1, max_len=700, window_buckets=bad)
+            Sampler(config, stop_ids=EOS_IDS, batch_size=1, max_len=700, window_buckets=bad)
 
 
 def test_sharded_windows_equal_unsharded(tiny):

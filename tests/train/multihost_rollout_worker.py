@@ -64,7 +64,7 @@ config = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_
 params = qwen3.init_params(config, jax.random.key(0), mesh=mesh)
 sampler_mesh, rules = rollout_mesh(config)
 for layout in ("per_layer", "stacked"):  # the CPU's and the TPU / GPU one
-    sampler = Sampler(config, batch_size=ROWS, max_len=64, sampling=SamplingConfig(temperature=1.0),
+    sampler = Sampler(config, stop_ids=(), batch_size=ROWS, max_len=64, sampling=SamplingConfig(temperature=1.0),
                       mesh=sampler_mesh, rules=rules, layout=layout)
     # No host <-> device transfer in the reshard: it is device to device. (On CPU reading a
     # device buffer from the host is not a copy, and the device-to-host guard misses it; the
@@ -80,7 +80,7 @@ for layout in ("per_layer", "stacked"):  # the CPU's and the TPU / GPU one
         "devices": sorted({d.id for x in jax.tree.leaves(local) for d in x.sharding.device_set})}
     if num_processes == 1:  # an independent reference: the whole model on one device, unsharded sampler
         one = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), params)
-        plain = Sampler(config, batch_size=ROWS, max_len=64, sampling=SamplingConfig(temperature=1.0), layout=layout)
+        plain = Sampler(config, stop_ids=(), batch_size=ROWS, max_len=64, sampling=SamplingConfig(temperature=1.0), layout=layout)
         result[layout]["tokens_one_device"], _ = sample(config, one, plain)
 result["local_devices"] = sorted(d.id for d in jax.local_devices())
 
@@ -90,7 +90,7 @@ lora = lora_lib.LoraConfig(rank=4, alpha=8.0)
 adapters = lora_lib.init_adapters(config, lora, jax.random.key(3), mesh=mesh)
 adapters = jax.tree.map(lambda x: x + 0.05, adapters)
 merged = lora_lib.merged(config, params, adapters, lora)
-sampler = Sampler(config, batch_size=ROWS, max_len=64, sampling=SamplingConfig(temperature=1.0),
+sampler = Sampler(config, stop_ids=(), batch_size=ROWS, max_len=64, sampling=SamplingConfig(temperature=1.0),
                   mesh=sampler_mesh, rules=rules)
 local = sampler_params(merged, sampler)
 tokens, _ = sample(config, local, sampler)
@@ -120,7 +120,7 @@ if num_processes > 1:
                       num_kv_heads=8, head_dim=64)
     big_params = qwen3.init_params(big, jax.random.key(1), mesh=mesh)
     big_mesh, big_rules = rollout_mesh(big)
-    big_sampler = Sampler(big, batch_size=ROWS, max_len=64, mesh=big_mesh, rules=big_rules)
+    big_sampler = Sampler(big, stop_ids=(), batch_size=ROWS, max_len=64, mesh=big_mesh, rules=big_rules)
     # Compiled once, unmeasured; kept alive, so the measured reshard's buffers are new memory.
     warm = jax.block_until_ready(sampler_params(qwen3.init_params(big, jax.random.key(2), mesh=mesh), big_sampler))
     with jax.transfer_guard_host_to_device("disallow_explicit"):

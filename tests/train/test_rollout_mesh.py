@@ -32,7 +32,7 @@ def test_one_process_samples_on_its_devices_with_an_eighth_of_weights_and_cache(
     mesh, rules = rollout_mesh(CONFIG)
     assert mesh is not None and mesh.shape["tensor"] == 8
     params = qwen3.init_params(CONFIG, jax.random.key(0), mesh=make_mesh(MeshConfig(data=2, fsdp=4, tensor=1)))
-    sampler = Sampler(CONFIG, batch_size=4, max_len=64, sampling=SamplingConfig(temperature=1.0),
+    sampler = Sampler(CONFIG, stop_ids=(), batch_size=4, max_len=64, sampling=SamplingConfig(temperature=1.0),
                       mesh=mesh, rules=rules, layout=layout)
     local = sampler_params(params, sampler)
     total = sum(x.nbytes for x in jax.tree.leaves(params))
@@ -45,5 +45,5 @@ def test_one_process_samples_on_its_devices_with_an_eighth_of_weights_and_cache(
     rng = np.random.RandomState(3)
     prompts = [rng.randint(0, CONFIG.vocab_size, 3 + i).tolist() for i in range(4)]
     one_device = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), params)
-    plain = Sampler(CONFIG, batch_size=4, max_len=64, sampling=SamplingConfig(temperature=1.0), layout=layout)
+    plain = Sampler(CONFIG, stop_ids=(), batch_size=4, max_len=64, sampling=SamplingConfig(temperature=1.0), layout=layout)
     assert _tokens(sampler, local, prompts) == _tokens(plain, one_device, prompts)
