@@ -22,16 +22,18 @@ ROOT = os.environ.get("ROOMS_STUDY_DIR", "runs/studies/fee_rooms")
 # Sized to this shared 2-core machine. Run (1): ROOMS_STUDY_STEPS=3, trajectory rows. Run (2): step-wise
 # rows (configs/rooms.py), a base that did not yet follow hints, 6 steps. Run (3): the base of
 # launch/rooms_base.py's defaults (it takes a shown hint 92% of the time), 12 steps, rl.lr 1e-2.
-# Run (4), the default: a base on the fixed vocabulary, rl.lr 1e-3, 20 steps a run (AG early on
-# steps 1-10, OE late on 11-20), evaluations at steps 10 and 20 on 32 test layouts (greedy; one
-# success = 3.1 points), 2 shards, ~1 h here. fee_rooms_expected.md has each run's expectations,
+# Run (4): a base on the fixed vocabulary, rl.lr 1e-3, 20 steps a run (AG early on steps 1-10, OE
+# late on 11-20), evaluations at steps 10 and 20 on 32 test layouts, 2 shards, ~1 h here. Run (5),
+# the default: as (4) with the samplers' stop-id fix, evaluated on all 64 test layouts (greedy; one
+# success = 1.6 points; ROOMS_STUDY_EVAL sets the number). fee_rooms_expected.md has each run's expectations,
 # written before it ran; fee_rooms_observed.md what it showed. The shapes are configs/rooms.py's, so
 # the compiled programs are shared by all runs through JAX's persistent cache
 # (JAX_COMPILATION_CACHE_DIR). On a quiet or bigger machine, raise STEPS (e.g. 200 with switch 100,
-# as the paper) and the evaluation's layouts (envs.eval=rooms:test:128).
+# as the paper).
 STEPS = int(os.environ.get("ROOMS_STUDY_STEPS", "20"))
+EVAL_LAYOUTS = int(os.environ.get("ROOMS_STUDY_EVAL", "64"))
 SIZE = [f"steps={STEPS}", f"feedback.switch_step={max(1, STEPS // 2)}", f"eval.every={max(1, STEPS // 2)}",
-        f"checkpoint.every={STEPS}", "envs.eval=rooms:test:32"]
+        f"checkpoint.every={STEPS}", f"envs.eval=rooms:test:{EVAL_LAYOUTS}"]
 COMMON = [f"model.hf_path={os.path.join(ROOT, 'base')}", *SIZE]
 
 
