@@ -18,8 +18,8 @@ Expected directions (from the paper) are in rwml_rooms_expected.md, written befo
 
 ROOMS_RWML_DIR (default runs/studies/rwml_rooms) holds the bases and the runs;
 ROOMS_RWML_WM_STEPS (stage 1, default 40) and ROOMS_RWML_STEPS (stage 2, default 60) size it;
-ROOMS_RWML_EVAL_EVERY (default a quarter of stage 2) its evaluations, ROOMS_RWML_SEEDS
-(default 5) the seeds.
+ROOMS_RWML_EVAL_EVERY (default a quarter of stage 2) its evaluations, ROOMS_RWML_EVAL (default
+64, all of the test split) their layouts, ROOMS_RWML_SEEDS (default 5) the seeds.
 """
 
 import os
@@ -31,9 +31,12 @@ SEEDS = int(os.environ.get("ROOMS_RWML_SEEDS", "5"))
 BASE = f"model.hf_path={os.path.join(ROOT, 'base')}"
 WORLD_MODEL = [BASE, f"steps={WM_STEPS}", f"eval.every={WM_STEPS}", f"checkpoint.every={WM_STEPS}"]
 EVAL_EVERY = int(os.environ.get("ROOMS_RWML_EVAL_EVERY", str(max(1, STEPS // 4))))
+# All 64 test layouts (greedy): on rooms.py's 16, one success is 6.25 points.
+EVAL_LAYOUTS = int(os.environ.get("ROOMS_RWML_EVAL", "64"))
 # eval.at_start: step 0 is the policy stage's start, so it shows what stage 1 alone did to the
 # policy (the paper's "RWML alone" row) before any task RL.
-POLICY = [f"steps={STEPS}", f"eval.every={EVAL_EVERY}", "eval.at_start=true", f"checkpoint.every={STEPS}"]
+POLICY = [f"steps={STEPS}", f"eval.every={EVAL_EVERY}", "eval.at_start=true", f"checkpoint.every={STEPS}",
+          f"envs.eval=rooms:test:{EVAL_LAYOUTS}"]
 
 
 def get_study():
