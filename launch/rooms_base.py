@@ -166,8 +166,9 @@ def main(argv: list[str]) -> int:
         if i % 50 == 0 or i == args.steps:
             print(f"step {i}/{args.steps}  loss {float(metrics['loss']):.3f}  {time.time() - start:.0f}s", flush=True)
         if args.save_every and i % args.save_every == 0 and i < args.steps:
-            hf_io.save_pretrained(os.path.join(args.out_dir, f"step_{i}"), config, jax.device_get(state.params))
-    hf_io.save_pretrained(args.out_dir, config, jax.device_get(state.params))
+            hf_io.save_pretrained(os.path.join(args.out_dir, f"step_{i}"), config, jax.device_get(state.params),
+                                  tokens=hf_io.SpecialTokens.of(tok))
+    hf_io.save_pretrained(args.out_dir, config, jax.device_get(state.params), tokens=hf_io.SpecialTokens.of(tok))
     print(f"wrote {args.out_dir}")
     return 0
 

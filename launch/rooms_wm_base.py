@@ -207,7 +207,8 @@ def main(argv: list[str]) -> int:
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    hf_io.save_pretrained(args.out_dir, config, params)
+    tokens = hf_io.SpecialTokens.of(word_tokenizer("rooms_wm"))
+    hf_io.save_pretrained(args.out_dir, config, params, tokens=tokens)
     print(f"wrote {args.out_dir} on rooms_wm ({config.vocab_size} rows)", flush=True)
     if args.warmup_steps == 0 and args.no_check:
         return 0
@@ -220,7 +221,7 @@ def main(argv: list[str]) -> int:
         triples = copy_triples(cfg, "train", cfg.rwml.collect_tasks, args.seed)  # (copies hold no dynamics)
         params = warm_up(job, params, triples, steps=args.warmup_steps, batch=args.batch, lr=args.lr,
                          policy_share=args.policy_share, seed=args.seed)
-        hf_io.save_pretrained(args.out_dir, job.model_config, params)
+        hf_io.save_pretrained(args.out_dir, job.model_config, params, tokens=tokens)
         print(f"wrote {args.out_dir}: {args.warmup_steps} warm-up steps ({args.policy_share:.0%} policy rows) "
               f"on {len(triples)} copy triples", flush=True)
     if not args.no_check:

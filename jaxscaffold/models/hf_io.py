@@ -38,6 +38,39 @@ TOKENIZER_FILES = (
 BOS_ID, EOS_IDS, PAD_ID = 151643, (151645, 151643), 151643
 
 
+@dataclass(frozen=True)
+class SpecialTokens:
+    """The ids an exported config.json and generation_config.json name (transformers'
+    `generate` stops at `eos`): Qwen3's by default; a model on other words (a testbed's
+    vocabulary) passes its tokenizer's, `SpecialTokens.of(tokenizer)`."""
+    bos: int = BOS_ID
+    eos: tuple[int, ...] = EOS_IDS
+    pad: int = PAD_ID
+
+    @classmethod
+    def of(cls, tokenizer) -> "SpecialTokens":
+        """Qwen3's roles on `tokenizer`'s ids: <|endoftext|> begins and pads, `eos_ids` end."""
+        end = tokenizer.token_id("<|endoftext|>")
+        return cls(bos=end, eos=tuple(tokenizer.eos_ids), pad=end)
+
+    def outside(self, vocab_size: int) -> list[int]:
+        return sorted(i for i in {self.bos, self.pad, *self.eos} if not 0 <= i < vocab_size)
+
+
+def special_token_fields(vocab_size: int, tokens: SpecialTokens | None) -> dict:
+    """bos/eos/pad ids of the HF configs. Given `tokens` must lie in the vocabulary
+    (ValueError: an HF `generate` would never stop). None: Qwen3's where the vocabulary holds
+    them, else none named, never ids outside it."""
+    if tokens is None:
+        if SpecialTokens().outside(vocab_size):
+            return {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+        tokens = SpecialTokens()
+    elif tokens.outside(vocab_size):
+        raise ValueError(f"special token ids {tokens.outside(vocab_size)} are outside the model's vocabulary of "
+                         f"{vocab_size}: pass tokens=SpecialTokens.of(tokenizer)")
+    return {"bos_token_id": tokens.bos, "eos_token_id": list(tokens.eos), "pad_token_id": tokens.pad}
+
+
 class CheckpointError(ValueError):
     """A checkpoint directory that cannot be loaded; the message names the problem."""
 
@@ -93,9 +126,11 @@ def config_from_hf(hf: dict, source: str = "config.json", **overrides) -> Qwen3C
     return Qwen3Config(**fields)
 
 
-def config_to_hf(config: Qwen3Config, dtype: str) -> dict:
-    """An HF config.json dict readable by transformers 4.x and 5.x."""
+def config_to_hf(config: Qwen3Config, dtype: str, tokens: SpecialTokens | None = None) -> dict:
+    """An HF config.json dict readable by transformers 4.x and 5.x (`tokens`: as
+    `special_token_fields`)."""
     c = config
+    special = special_token_fields(c.vocab_size, tokens)
     torch_dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}[dtype]
     causal_lm, backbone = _ARCHITECTURES[c.model_type]
     out = {
@@ -111,7 +146,8 @@ def config_to_hf(config: Qwen3Config, dtype: str) -> dict:
         "rope_scaling": None, "tie_word_embeddings": c.tie_word_embeddings,
         "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": False,
         "sliding_window": None, "max_window_layers": c.num_layers, "initializer_range": 0.02,
-        "use_cache": True, "bos_token_id": BOS_ID, "eos_token_id": EOS_IDS[0],
+        "use_cache": True, "bos_token_id": special["bos_token_id"],
+        "eos_token_id": special["eos_token_id"][0] if special["eos_token_id"] else None,
         "torch_dtype": torch_dtype, "dtype": torch_dtype,
     }
     if c.model_type == "qwen2":
@@ -364,13 +400,16 @@ def _tensors(config: Qwen3Config) -> list[_Tensor]:
 
 
 def save_pretrained(path: str, config: Qwen3Config, params: dict, tokenizer_dir: str | None = None,
-                    *, dtype: str | None = None, max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
+                    *, dtype: str | None = None, max_shard_bytes: int = MAX_SHARD_BYTES,
+                    tokens: SpecialTokens | None = None) -> None:
     """Writes an HF directory loadable by `transformers.AutoModelForCausalLM.from_pretrained`
     (`AutoModel` for an embedding model, in the `Qwen3Model` / `Qwen2Model` layout).
 
     Tensors are fetched and written one at a time, into safetensors shards of at most
     `max_shard_bytes` (with an index when there are several). `dtype` defaults to the
-    parameters' dtype. On multi-host every process must call it; process 0 writes.
+    parameters' dtype. `tokens`: the ids the configs name (`special_token_fields`; a model on
+    other words passes its tokenizer's). On multi-host every process must call it; process 0
+    writes.
     """
     def produce(t: _Tensor):
         arr = _get(params, t.path)
@@ -378,12 +417,12 @@ def save_pretrained(path: str, config: Qwen3Config, params: dict, tokenizer_dir:
         return x.T if t.transpose else x
 
     _write_dir(path, config, produce, tokenizer_dir, dtype=dtype, max_shard_bytes=max_shard_bytes,
-               writer=jax.process_index() == 0)
+               tokens=tokens, writer=jax.process_index() == 0)
 
 
 def save_pretrained_from(path: str, config: Qwen3Config, read_block, tokenizer_dir: str | None = None, *,
                          dtype: str | None = None, max_shard_bytes: int = MAX_SHARD_BYTES,
-                         piece_bytes: int = 32 * 2**20) -> None:
+                         piece_bytes: int = 32 * 2**20, tokens: SpecialTokens | None = None) -> None:
     """`save_pretrained` of parameters that are read, not held: `read_block(path, index)`
     returns our-layout block `params[path][index]` (index: a layer number for stacked
     parameters, then slices) as a host array. Each HF tensor is written in row pieces of about
@@ -398,7 +437,8 @@ def save_pretrained_from(path: str, config: Qwen3Config, read_block, tokenizer_d
             block = read_block(t.path, index if t.layer is None else (t.layer, *index))
             yield block.T if t.transpose else block
 
-    _write_dir(path, config, produce, tokenizer_dir, dtype=dtype, max_shard_bytes=max_shard_bytes, writer=True)
+    _write_dir(path, config, produce, tokenizer_dir, dtype=dtype, max_shard_bytes=max_shard_bytes, tokens=tokens,
+               writer=True)
 
 
 def _shard_names(count: int) -> list[str]:
@@ -408,9 +448,13 @@ def _shard_names(count: int) -> list[str]:
 
 
 def _write_dir(path: str, config: Qwen3Config, produce, tokenizer_dir: str | None, *, dtype: str | None,
-               max_shard_bytes: int, writer: bool) -> None:
+               max_shard_bytes: int, tokens: SpecialTokens | None, writer: bool) -> None:
     """The HF directory with `produce(tensor)` giving each tensor (or its row pieces) in turn;
     a non-writer process only produces (taking part in the gathers)."""
+    special = special_token_fields(config.vocab_size, tokens)  # its ValueError before any file is written
+    if writer and special["eos_token_id"] is None:
+        log.warning("%s: a vocabulary of %d holds no Qwen3 special ids, so its configs name no bos/eos/pad "
+                    "(pass tokens=SpecialTokens.of(tokenizer))", path, config.vocab_size)
     dtype = dtype or config.param_dtype
     np_dtype = np.dtype(jnp.dtype(dtype))
     specs = [st.TensorSpec(t.name, t.shape, np_dtype, lambda t=t: produce(t)) for t in _tensors(config)]
@@ -438,9 +482,8 @@ def _write_dir(path: str, config: Qwen3Config, produce, tokenizer_dir: str | Non
         index = {"metadata": {"total_size": sum(s.nbytes for s in specs)},
                  "weight_map": {s.name: n for n, shard in zip(names, shards) for s in shard}}
         _write_json(os.path.join(path, "model.safetensors.index.json"), index)
-    _write_json(os.path.join(path, "config.json"), config_to_hf(config, dtype))
-    _write_json(os.path.join(path, "generation_config.json"),
-                {"bos_token_id": BOS_ID, "eos_token_id": list(EOS_IDS), "pad_token_id": PAD_ID})
+    _write_json(os.path.join(path, "config.json"), config_to_hf(config, dtype, tokens))
+    _write_json(os.path.join(path, "generation_config.json"), special)
     if tokenizer_dir is not None:
         if not os.path.isdir(tokenizer_dir):
             raise CheckpointError(f"tokenizer directory not found: {tokenizer_dir}")

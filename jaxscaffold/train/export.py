@@ -71,11 +71,12 @@ def export_checkpoint(checkpoint: str, out: str, *, step: int | None = None, dty
         arrays = ckpt.arrays(step, cache_bytes=max(2**20, min(2 * CHUNK_BYTES, max_shard_bytes // 8)))
         typed = config_lib.typed(cfg)
         read = _trained(arrays) if lora is None else _merged(typed, config, lora, arrays)
-        vocabulary = cfg.model.get("vocabulary")  # a testbed's words: its own tokenizer, not Qwen's
+        vocabulary = cfg.model.get("vocabulary")  # a testbed's words: its own tokenizer and ids, not Qwen's
         tokenizer_dir = None if vocabulary else (cfg.model.tokenizer or cfg.model.hf_path
                                                  or str(cached_hf_tokenizer_dir()))
+        tokens = hf_io.SpecialTokens.of(word_tokenizer(vocabulary)) if vocabulary else hf_io.SpecialTokens()
         hf_io.save_pretrained_from(out, config, read, tokenizer_dir=tokenizer_dir, dtype=dtype,
-                                   max_shard_bytes=max_shard_bytes, piece_bytes=piece)
+                                   max_shard_bytes=max_shard_bytes, piece_bytes=piece, tokens=tokens)
         if vocabulary:
             word_tokenizer(vocabulary).save_hf(out)
         if peft_out:

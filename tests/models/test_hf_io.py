@@ -1,5 +1,6 @@
 """HF checkpoint round trips and the errors for unloadable checkpoints."""
 
+import dataclasses
 import json
 import os
 
@@ -8,10 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModel, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GenerationConfig
 
 from jaxscaffold.models import hf_io, qwen3
 from jaxscaffold.models.hf_io import CheckpointError
+from jaxscaffold.models.word_tokenizer import WordTokenizer
 from tests.models.hf_reference import hf_logits, make_hf_model
 
 
@@ -99,8 +101,7 @@ def test_tokenizer_files_are_copied(tmp_path):
     config, params = hf_io.load_pretrained(str(tmp_path / "src"))
     hf_io.save_pretrained(str(tmp_path / "dst"), config, params, tokenizer_dir=str(tok))
     assert (tmp_path / "dst" / "tokenizer.json").exists()
-    gen = json.loads((tmp_path / "dst" / "generation_config.json").read_text())
-    assert 151645 in gen["eos_token_id"]
+    assert (tmp_path / "dst" / "tokenizer_config.json").read_text() == "{}"
 
 
 # ----------------------------------------------------------------------------- errors
@@ -110,6 +111,31 @@ def _one_line(excinfo):
     msg = str(excinfo.value)
     assert "\n" not in msg
     return msg
+
+
+def test_special_token_ids_follow_the_vocabulary(tmp_path, caplog):
+    """The configs (read back by transformers, whose `generate` stops at them) name the given
+    tokenizer's ids; Qwen3's only where the vocabulary holds them; ids outside it are refused
+    before any file is written."""
+    make_hf_model().save_pretrained(tmp_path / "src")  # 320 ids: none of Qwen3's special ids
+    config, params = hf_io.load_pretrained(str(tmp_path / "src"))
+    with pytest.raises(ValueError, match="outside the model's vocabulary of 320"):
+        hf_io.save_pretrained(str(tmp_path / "qwen"), config, params, tokens=hf_io.SpecialTokens())
+    assert not (tmp_path / "qwen").exists()
+
+    words = WordTokenizer(["look around the room"])
+    hf_io.save_pretrained(str(tmp_path / "words"), config, params, tokens=hf_io.SpecialTokens.of(words))
+    end, im_end = words.token_id("<|endoftext|>"), words.token_id("<|im_end|>")
+    generation = GenerationConfig.from_pretrained(tmp_path / "words")
+    assert generation.eos_token_id == [im_end, end] and generation.pad_token_id == end
+    assert AutoConfig.from_pretrained(tmp_path / "words").eos_token_id == im_end
+
+    with caplog.at_level("WARNING"):
+        hf_io.save_pretrained(str(tmp_path / "unnamed"), config, params)
+    assert "name no bos/eos/pad" in caplog.text
+    assert GenerationConfig.from_pretrained(tmp_path / "unnamed").eos_token_id is None
+    big = hf_io.config_to_hf(dataclasses.replace(config, vocab_size=151936), "float32")
+    assert (big["bos_token_id"], big["eos_token_id"]) == (151643, 151645)  # Qwen3's own config.json
 
 
 def test_missing_directory(tmp_path):

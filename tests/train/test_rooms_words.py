@@ -38,6 +38,9 @@ def test_rooms_word_model_trains_a_step(tmp_path):
         assert ids == words.encode(text), text
         assert hf.decode(ids) == words.decode(ids)
     assert hf.convert_tokens_to_ids("<|im_end|>") == words.special_ids["<|im_end|>"]
+    from transformers import GenerationConfig  # HF generate stops at the words' own end ids
+
+    assert GenerationConfig.from_pretrained(os.path.join(tmp_path, "hf")).eos_token_id == list(words.eos_ids)
 
 
 def test_a_turn_ends_at_the_vocabularys_own_end_token():
