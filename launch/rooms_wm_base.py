@@ -144,7 +144,8 @@ def answer_body(text: str) -> str:
 
 
 def check(job, params, heldout, *, seed: int) -> dict:
-    """Held-out figures: parsable `<next_state>` shares (greedy, 2 samples a triple), and on
+    """Held-out figures: parsable `<next_state>` shares and the mean line distance of the answers to
+    their copy targets and share exact (greedy, 2 samples a triple), and on
     policy prompts the first-token entropy (nats), its modal token and the greedy valid-action rate."""
     import jax
     import jax.numpy as jnp
@@ -155,11 +156,19 @@ def check(job, params, heldout, *, seed: int) -> dict:
     from jaxscaffold.models.chat import Qwen3ChatRenderer
     from jaxscaffold.train.workloads.world_model import sample_answers
     from jaxscaffold.worldmodel import task as task_lib
+    from jaxscaffold.worldmodel.line_reward import line_distance
 
     out = {}
     for name, greedy, k in (("greedy", True, 1), ("sampled", False, 2)):
         answers = sample_answers(job, params, heldout, samples=k, seed=seed, greedy=greedy)
-        out[f"wm_parsed_{name}"] = float(np.mean([task_lib.parse_prediction(t) is not None for _, t in answers]))
+        predictions = [task_lib.parse_prediction(t) for _, t in answers]
+        out[f"wm_parsed_{name}"] = float(np.mean([p is not None for p in predictions]))
+        # The copy's fidelity (the targets are the current states): RWML's `lines` reward needs
+        # exact lines, and a base that writes a plausible state of another layout earns none.
+        targets = [t.next_state for t in heldout for _ in range(k)]
+        distances = [1.0 if p is None else line_distance(p, target) for p, target in zip(predictions, targets)]
+        out[f"wm_copy_distance_{name}"] = float(np.mean(distances))
+        out[f"wm_copy_exact_{name}"] = float(np.mean([d == 0 for d in distances]))
         out[f"wm_example_{name}"] = answers[0][1][:80]
     chat = Qwen3ChatRenderer(job.tokenizer)
     prompts = policy_prompts(chat, 32, seed)

@@ -48,7 +48,7 @@ class SpecialTokens:
     pad: int = PAD_ID
 
     @classmethod
-    def of(cls, tokenizer) -> "SpecialTokens":
+    def of(cls, tokenizer) -> SpecialTokens:
         """Qwen3's roles on `tokenizer`'s ids: <|endoftext|> begins and pads, `eos_ids` end."""
         end = tokenizer.token_id("<|endoftext|>")
         return cls(bos=end, eos=tuple(tokenizer.eos_ids), pad=end)
