@@ -142,7 +142,7 @@ def main(argv: list[str]) -> int:
         return 2
 
     tok = word_tokenizer("rooms")
-    chat = Qwen3ChatRenderer(tok)
+    chat, tokens = Qwen3ChatRenderer(tok), hf_io.SpecialTokens.of(tok)  # the words' own end ids in the export
     if args.init:
         config, params = hf_io.load_pretrained(args.init, compute_dtype="float32", remat_policy="none")
     else:
@@ -167,8 +167,8 @@ def main(argv: list[str]) -> int:
             print(f"step {i}/{args.steps}  loss {float(metrics['loss']):.3f}  {time.time() - start:.0f}s", flush=True)
         if args.save_every and i % args.save_every == 0 and i < args.steps:
             hf_io.save_pretrained(os.path.join(args.out_dir, f"step_{i}"), config, jax.device_get(state.params),
-                                  tokens=hf_io.SpecialTokens.of(tok))
-    hf_io.save_pretrained(args.out_dir, config, jax.device_get(state.params), tokens=hf_io.SpecialTokens.of(tok))
+                                  tokens=tokens)
+    hf_io.save_pretrained(args.out_dir, config, jax.device_get(state.params), tokens=tokens)
     print(f"wrote {args.out_dir}")
     return 0
 

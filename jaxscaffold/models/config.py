@@ -88,6 +88,11 @@ class Qwen3Config:
         """Whether a separate `lm_head` matrix exists (untied causal LM)."""
         return not self.is_embedding and not self.tie_word_embeddings
 
+    def ids_outside_vocabulary(self, ids) -> list[int]:
+        """The token ids of `ids` this model has no row for, sorted (a stop or end id named for
+        another tokenizer: a turn would never end at it)."""
+        return sorted(i for i in set(ids) if not 0 <= i < self.vocab_size)
+
     def replace(self, **changes) -> "Qwen3Config":
         return dataclasses.replace(self, **changes)
 

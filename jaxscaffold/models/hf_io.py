@@ -53,21 +53,22 @@ class SpecialTokens:
         end = tokenizer.token_id("<|endoftext|>")
         return cls(bos=end, eos=tuple(tokenizer.eos_ids), pad=end)
 
-    def outside(self, vocab_size: int) -> list[int]:
-        return sorted(i for i in {self.bos, self.pad, *self.eos} if not 0 <= i < vocab_size)
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return (self.bos, self.pad, *self.eos)
 
 
-def special_token_fields(vocab_size: int, tokens: SpecialTokens | None) -> dict:
+def special_token_fields(config: Qwen3Config, tokens: SpecialTokens | None) -> dict:
     """bos/eos/pad ids of the HF configs. Given `tokens` must lie in the vocabulary
     (ValueError: an HF `generate` would never stop). None: Qwen3's where the vocabulary holds
     them, else none named, never ids outside it."""
     if tokens is None:
-        if SpecialTokens().outside(vocab_size):
+        if config.ids_outside_vocabulary(SpecialTokens().ids):
             return {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
         tokens = SpecialTokens()
-    elif tokens.outside(vocab_size):
-        raise ValueError(f"special token ids {tokens.outside(vocab_size)} are outside the model's vocabulary of "
-                         f"{vocab_size}: pass tokens=SpecialTokens.of(tokenizer)")
+    elif outside := config.ids_outside_vocabulary(tokens.ids):
+        raise ValueError(f"special token ids {outside} are outside the model's vocabulary of "
+                         f"{config.vocab_size}: pass tokens=SpecialTokens.of(tokenizer)")
     return {"bos_token_id": tokens.bos, "eos_token_id": list(tokens.eos), "pad_token_id": tokens.pad}
 
 
@@ -130,7 +131,7 @@ def config_to_hf(config: Qwen3Config, dtype: str, tokens: SpecialTokens | None =
     """An HF config.json dict readable by transformers 4.x and 5.x (`tokens`: as
     `special_token_fields`)."""
     c = config
-    special = special_token_fields(c.vocab_size, tokens)
+    special = special_token_fields(c, tokens)
     torch_dtype = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}[dtype]
     causal_lm, backbone = _ARCHITECTURES[c.model_type]
     out = {
@@ -451,7 +452,7 @@ def _write_dir(path: str, config: Qwen3Config, produce, tokenizer_dir: str | Non
                max_shard_bytes: int, tokens: SpecialTokens | None, writer: bool) -> None:
     """The HF directory with `produce(tensor)` giving each tensor (or its row pieces) in turn;
     a non-writer process only produces (taking part in the gathers)."""
-    special = special_token_fields(config.vocab_size, tokens)  # its ValueError before any file is written
+    special = special_token_fields(config, tokens)  # its ValueError before any file is written
     if writer and special["eos_token_id"] is None:
         log.warning("%s: a vocabulary of %d holds no Qwen3 special ids, so its configs name no bos/eos/pad "
                     "(pass tokens=SpecialTokens.of(tokenizer))", path, config.vocab_size)

@@ -196,7 +196,7 @@ class Sampler:
             raise ValueError("an embedding model cannot generate")
         self.config, self.batch_size, self.max_len = config, batch_size, max_len
         self.sampling, self.cache_dtype = sampling, cache_dtype
-        outside = sorted(i for i in set(stop_ids) if not 0 <= i < config.vocab_size)
+        outside = config.ids_outside_vocabulary(stop_ids)
         if outside:
             raise ValueError(f"stop ids {outside} are outside the model's vocabulary of {config.vocab_size}: "
                              "pass the tokenizer's eos_ids (or () to never stop)")

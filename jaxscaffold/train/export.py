@@ -74,11 +74,12 @@ def export_checkpoint(checkpoint: str, out: str, *, step: int | None = None, dty
         vocabulary = cfg.model.get("vocabulary")  # a testbed's words: its own tokenizer and ids, not Qwen's
         tokenizer_dir = None if vocabulary else (cfg.model.tokenizer or cfg.model.hf_path
                                                  or str(cached_hf_tokenizer_dir()))
-        tokens = hf_io.SpecialTokens.of(word_tokenizer(vocabulary)) if vocabulary else hf_io.SpecialTokens()
+        words = word_tokenizer(vocabulary) if vocabulary else None
+        tokens = hf_io.SpecialTokens() if words is None else hf_io.SpecialTokens.of(words)
         hf_io.save_pretrained_from(out, config, read, tokenizer_dir=tokenizer_dir, dtype=dtype,
                                    max_shard_bytes=max_shard_bytes, piece_bytes=piece, tokens=tokens)
-        if vocabulary:
-            word_tokenizer(vocabulary).save_hf(out)
+        if words is not None:
+            words.save_hf(out)
         if peft_out:
             adapters = {t: {k: arrays.read(("params", t, k)) for k in ("a", "b")} for t in lora.targets}
             peft_io.save_peft_adapter(peft_out, config, lora, adapters,
