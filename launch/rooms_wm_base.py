@@ -196,11 +196,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--policy-share", type=float, default=0.5, help="share of each batch that is policy episodes")
+    p.add_argument("--copy-tasks", type=int, default=0,
+                   help="train layouts the copy triples come from (0: stage 1's rwml.collect_tasks)")
     p.add_argument("--no-check", action="store_true", help="skip the held-out check at the end")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    if args.warmup_steps < 0 or args.batch < 1 or not args.lr > 0 or not 0 <= args.policy_share < 1:
-        print("error: --warmup-steps must be >= 0, --batch >= 1, --lr > 0 and --policy-share in [0, 1)",
+    if (args.warmup_steps < 0 or args.batch < 1 or not args.lr > 0 or not 0 <= args.policy_share < 1
+            or args.copy_tasks < 0):
+        print("error: --warmup-steps must be >= 0, --batch >= 1, --lr > 0, --policy-share in [0, 1) "
+              "and --copy-tasks >= 0",
               file=sys.stderr)
         return 2
 
@@ -227,7 +231,7 @@ def main(argv: list[str]) -> int:
     job, state = build_job(cfg)
     params = state.params
     if args.warmup_steps:
-        triples = copy_triples(cfg, "train", cfg.rwml.collect_tasks, args.seed)  # (copies hold no dynamics)
+        triples = copy_triples(cfg, "train", args.copy_tasks or cfg.rwml.collect_tasks, args.seed)
         params = warm_up(job, params, triples, steps=args.warmup_steps, batch=args.batch, lr=args.lr,
                          policy_share=args.policy_share, seed=args.seed)
         hf_io.save_pretrained(args.out_dir, job.model_config, params, tokens=tokens)

@@ -61,3 +61,25 @@ def test_mixed_batch_keeps_both_kinds_and_copies_only_the_current_state():
     for a in wm:
         state = task_lib.parse_prediction(a.replace("<|im_end|>", ""))
         assert state == obs.strip() and state != nxt.strip()
+
+
+def _rwml_rooms_config():
+    from jaxscaffold import config as config_lib
+
+    cd = config_lib.load_file(config_lib.config_path("rwml_rooms.py", os.path.join(ROOT, "configs")))
+    return config_lib.from_configdict(config_lib.parse_overrides(cd, ["mesh.devices=1"]))
+
+
+def test_copy_triples_come_from_as_many_train_layouts_as_asked_and_copy_the_state():
+    # --copy-tasks: the warm-up's variety (268 triples of 24 layouts were memorised, not copied).
+    script, cfg = _script(), _rwml_rooms_config()
+    few, more = script.copy_triples(cfg, "train", 3, 0), script.copy_triples(cfg, "train", 12, 0)
+    train_ids = {t.task_id for t in rooms.catalogue("train")}
+    assert len({t.task_id for t in few}) == 3 and len({t.task_id for t in more}) == 12
+    assert {t.task_id for t in more} <= train_ids and len(more) > len(few)
+    assert all(t.next_state == t.observation for t in few + more)
+
+
+def test_bad_copy_tasks_is_a_one_line_error(capsys):
+    assert _script().main(["unused_base", "unused_out", "--copy-tasks", "-1"]) == 2
+    assert "--copy-tasks" in capsys.readouterr().err
