@@ -3,11 +3,14 @@
 From launch/rooms_base.py's model (supervised on its hint-following teacher, `rooms` words), two steps:
 1. the `rooms_wm` vocabulary (`jaxscaffold.models.vocab_transfer`: learned rows kept, RWML's
    words, `<next_state>` among them, freshly initialised);
-2. a format warm-up (N supervised steps, default 500 at lr 2e-3), each batch a mix: `--policy-share` of
-   its rows are the rooms base's own training examples (step-wise rows of its teacher on the
-   train split, launch/rooms_base.py's `teacher_batch` with its `TEACHER`), the rest explorer triples
-   of the train split answered `<next_state>CURRENT STATE</next_state>`, i.e. the identity world
-   model.
+2. a format warm-up (N supervised steps, default 4,000 of batch 16 at lr 2e-3, ~18 min here), each
+   batch a mix: `--policy-share` of its rows are the rooms base's own training examples (step-wise
+   rows of its teacher on the train split, launch/rooms_base.py's `teacher_batch` with its
+   `TEACHER`), the rest explorer triples of `--copy-tasks` train layouts (default all 512: ~5,700
+   triples) answered `<next_state>CURRENT STATE</next_state>`, i.e. the identity world model.
+   Why so many: 500 steps on 268 triples of 24 layouts taught the format and a *memorised* state
+   (0 of 32 held-out copies exact); 4,000 on all layouts copy 11 of 32 exactly
+   (configs/studies/rwml_rooms_observed.md).
 Why 2: the paper's base is an instruct model that writes a requested answer format; ours has
 never seen `<next_state>`, so every world-model answer would be unparsable and RWML's GRPO
 would get no signal at all. Copying the current state teaches the format and nothing of the
@@ -192,19 +195,19 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("rooms_base")
     p.add_argument("out_dir")
-    p.add_argument("--warmup-steps", type=int, default=500, help="format warm-up steps (0: only the vocabulary)")
-    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--warmup-steps", type=int, default=4000, help="format warm-up steps (0: only the vocabulary)")
+    p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--policy-share", type=float, default=0.5, help="share of each batch that is policy episodes")
-    p.add_argument("--copy-tasks", type=int, default=0,
-                   help="train layouts the copy triples come from (0: stage 1's rwml.collect_tasks)")
+    p.add_argument("--copy-tasks", type=int, default=512,
+                   help="train layouts the copy triples come from (the last N; 512: all of them)")
     p.add_argument("--no-check", action="store_true", help="skip the held-out check at the end")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if (args.warmup_steps < 0 or args.batch < 1 or not args.lr > 0 or not 0 <= args.policy_share < 1
-            or args.copy_tasks < 0):
+            or args.copy_tasks < 1):
         print("error: --warmup-steps must be >= 0, --batch >= 1, --lr > 0, --policy-share in [0, 1) "
-              "and --copy-tasks >= 0",
+              "and --copy-tasks >= 1",
               file=sys.stderr)
         return 2
 
@@ -231,7 +234,7 @@ def main(argv: list[str]) -> int:
     job, state = build_job(cfg)
     params = state.params
     if args.warmup_steps:
-        triples = copy_triples(cfg, "train", args.copy_tasks or cfg.rwml.collect_tasks, args.seed)
+        triples = copy_triples(cfg, "train", args.copy_tasks, args.seed)
         params = warm_up(job, params, triples, steps=args.warmup_steps, batch=args.batch, lr=args.lr,
                          policy_share=args.policy_share, seed=args.seed)
         hf_io.save_pretrained(args.out_dir, job.model_config, params, tokens=tokens)

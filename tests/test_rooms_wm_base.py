@@ -81,5 +81,5 @@ def test_copy_triples_come_from_as_many_train_layouts_as_asked_and_copy_the_stat
 
 
 def test_bad_copy_tasks_is_a_one_line_error(capsys):
-    assert _script().main(["unused_base", "unused_out", "--copy-tasks", "-1"]) == 2
+    assert _script().main(["unused_base", "unused_out", "--copy-tasks", "0"]) == 2
     assert "--copy-tasks" in capsys.readouterr().err
