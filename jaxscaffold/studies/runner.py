@@ -28,6 +28,8 @@ import importlib.util
 import json
 import logging
 import os
+import resource
+import time
 from typing import Callable, Mapping, Sequence
 
 from jaxscaffold import config as config_lib
@@ -159,7 +161,7 @@ def run_study(study: Study, configs_dir: str, *, shard: tuple[int, int] = (0, 1)
             log.info("study %s: %s seed %d already finished", study.name, arm, seed)
             continue
         *firsts, last = configs[(arm, seed)]
-        record = {"arm": arm, "seed": seed}
+        record, started = {"arm": arm, "seed": seed}, time.monotonic()
         for cfg in firsts:  # a two-stage arm's first stage, unless it finished before
             path = os.path.join(cfg.out_dir, RUN_FILE)
             if os.path.exists(path):
@@ -173,7 +175,16 @@ def run_study(study: Study, configs_dir: str, *, shard: tuple[int, int] = (0, 1)
         record["history"] = list(train(last))
         _write_record(os.path.join(study.run_dir(arm, seed), RUN_FILE), record)
         ran.append((arm, seed))
+        # Runs share one process: its peak memory, logged per run, shows whether runs accumulate
+        # (a shard of the second RWML rooms run grew to 13 GB over 8 runs and was OOM-killed).
+        log.info("study %s: %s seed %d finished in %.0f s; process peak resident %.2f GB",
+                 study.name, arm, seed, time.monotonic() - started, peak_resident_gb())
     return ran
+
+
+def peak_resident_gb() -> float:
+    """This process's peak resident memory so far, GB (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def _write_record(path: str, record: dict) -> None:

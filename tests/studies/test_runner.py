@@ -32,7 +32,8 @@ def _fake_history(cfg):
              "rollout/informative_groups": 0.5} for s in (1, 2, 3)]
 
 
-def test_runs_are_resumable_shardable_and_reported(tmp_path):
+def test_runs_are_resumable_shardable_and_reported(tmp_path, caplog):
+    caplog.set_level("INFO", logger="jaxscaffold.studies.runner")
     arms = {"base": ("tiny.py", QUICK), "lr_high": ("tiny.py", QUICK + ["rl.lr=0.1"])}
     study = runner.load_study(_study_file(tmp_path, arms, seeds=(0, 1, 2), extra=", 'baseline': 'base'"))
     calls = []
@@ -40,6 +41,10 @@ def test_runs_are_resumable_shardable_and_reported(tmp_path):
     first = runner.run_study(study, CONFIGS, shard=(0, 2), train=train)
     second = runner.run_study(study, CONFIGS, shard=(1, 2), train=train)
     assert sorted(first + second) == sorted(study.runs()) and not set(first) & set(second)
+    finished_lines = [r.getMessage() for r in caplog.records if "finished in" in r.getMessage()]
+    assert len(finished_lines) == 6  # one per run: its time and the process's peak memory
+    gb = [float(m.rsplit("peak resident ", 1)[1].split()[0]) for m in finished_lines]
+    assert gb == sorted(gb) and 0 < gb[-1] <= runner.peak_resident_gb() + 0.005  # a peak never falls (2 decimals)
     assert runner.run_study(study, CONFIGS, train=train) == []  # everything finished: nothing reruns
     assert len(calls) == 6 and {s for _, s in calls} == {0, 1, 2}
     summary = report.write_report(study)
