@@ -147,8 +147,8 @@ def answer_body(text: str) -> str:
 
 
 def check(job, params, heldout, *, seed: int) -> dict:
-    """Held-out figures: parsable `<next_state>` shares and the mean line distance of the answers to
-    their copy targets and share exact (greedy, 2 samples a triple), and on
+    """Held-out figures: parsable `<next_state>` shares, the parsed answers' mean line distance to
+    their copy targets and the share exact (greedy, 2 samples a triple), and on
     policy prompts the first-token entropy (nats), its modal token and the greedy valid-action rate."""
     import jax
     import jax.numpy as jnp
@@ -158,20 +158,20 @@ def check(job, params, heldout, *, seed: int) -> dict:
     from jaxscaffold.models import qwen3
     from jaxscaffold.models.chat import Qwen3ChatRenderer
     from jaxscaffold.train.workloads.world_model import sample_answers
-    from jaxscaffold.worldmodel import task as task_lib
-    from jaxscaffold.worldmodel.line_reward import line_distance
+    from jaxscaffold.worldmodel.line_reward import line_rewards_with_counts
+    from jaxscaffold.worldmodel.reward import MAX_DISTANCE
 
     out = {}
     for name, greedy, k in (("greedy", True, 1), ("sampled", False, 2)):
         answers = sample_answers(job, params, heldout, samples=k, seed=seed, greedy=greedy)
-        predictions = [task_lib.parse_prediction(t) for _, t in answers]
-        out[f"wm_parsed_{name}"] = float(np.mean([p is not None for p in predictions]))
-        # The copy's fidelity (the targets are the current states): RWML's `lines` reward needs
-        # exact lines, and a base that writes a plausible state of another layout earns none.
+        # The copy's fidelity (the targets are the current states), scored as stage 1 scores it:
+        # RWML's `lines` reward needs exact lines, and a plausible state of another layout earns none.
         targets = [t.next_state for t in heldout for _ in range(k)]
-        distances = [1.0 if p is None else line_distance(p, target) for p, target in zip(predictions, targets)]
-        out[f"wm_copy_distance_{name}"] = float(np.mean(distances))
-        out[f"wm_copy_exact_{name}"] = float(np.mean([d == 0 for d in distances]))
+        exact, distances, _ = line_rewards_with_counts([t for _, t in answers], targets, tau_d=1e-9)
+        parsed = distances < MAX_DISTANCE
+        out[f"wm_parsed_{name}"] = float(np.mean(parsed))
+        out[f"wm_copy_distance_{name}"] = float(np.mean(distances[parsed])) if parsed.any() else MAX_DISTANCE
+        out[f"wm_copy_exact_{name}"] = float(np.mean(exact))
         out[f"wm_example_{name}"] = answers[0][1][:80]
     chat = Qwen3ChatRenderer(job.tokenizer)
     prompts = policy_prompts(chat, 32, seed)
