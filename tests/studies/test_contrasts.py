@@ -126,3 +126,20 @@ def test_the_rooms_studies_name_their_bases_seeded_recipe():
         assert commands[-1][0] == script and all("--seed" in c for c in commands) and "seed" in study.base["recipe"]
         assert os.path.isfile(os.path.join(ROOT, commands[0][0]))
         assert not math.isnan(len(study.contrasts)) and study.contrasts and study.primary == "final"
+
+
+def test_the_confirmatory_replication_runs_what_it_registers():
+    """fee_rooms_confirm.py: >= 10 seeds none of the committed studies used; the four arms;
+    evaluation every 2 steps on all 64 test layouts; H1-H4 the only confirmatory contrasts."""
+    study = runner.load_study(os.path.join(ROOT, "configs", "studies", "fee_rooms_confirm.py"))
+    used = set()
+    for name in os.listdir(DOCS):
+        if name.endswith(".json") and "seeds" in (d := json.load(open(os.path.join(DOCS, name)))):
+            used |= set(d["seeds"])
+    assert len(study.seeds) >= 10 and not used & set(study.seeds)
+    assert set(study.arms) == {"standard", "fee", "fee_random", "ag_only"}
+    cfg = runner.stage_configs(study, "fee_random", study.seeds[0], os.path.join(ROOT, "configs"))[0]
+    assert (cfg.eval.every, cfg.envs.eval, cfg.steps, cfg.feedback.mode) == (2, "rooms:test:64", 20, "even")
+    family = [c.name for c in study.contrasts if not c.exploratory]
+    assert family == ["fee - standard: final", "fee - fee_random: final", "fee_random - fee: eval_variability",
+                      "fee - ag_only: final"]
