@@ -9,6 +9,7 @@ Arms (all from the same hint-following base, launch/rooms_base.py; GRPO, group 8
               (the reference code's "inconsistent" env; feedback.mode=even)
 Expected directions (from the paper) are in fee_rooms_expected.md, written before the run.
 
+  ROOMS_STUDY_DIR=/path python launch/study.py --study fee_rooms --base-only   # builds base/ if missing
   ROOMS_STUDY_DIR=/path python launch/study.py --study fee_rooms --shard 0/2   # and 1/2
   ROOMS_STUDY_DIR=/path python launch/study.py --study fee_rooms --report
 

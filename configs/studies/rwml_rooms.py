@@ -12,7 +12,7 @@ no feedback) and the same number of policy steps.
 Expected directions (from the paper) are in rwml_rooms_expected.md, written before any run.
 
   D=runs/studies/rwml_rooms
-  python launch/rooms_base.py $D/base_rooms && python launch/rooms_wm_base.py $D/base_rooms $D/base
+  ROOMS_RWML_DIR=$D python launch/study.py --study rwml_rooms --base-only   # the bases, if missing
   ROOMS_RWML_DIR=$D python launch/study.py --study rwml_rooms [--shard 0/2]
   ROOMS_RWML_DIR=$D python launch/study.py --study rwml_rooms --report
 
