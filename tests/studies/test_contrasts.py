@@ -124,7 +124,10 @@ def test_the_rooms_studies_name_their_bases_seeded_recipe():
         study = runner.load_study(os.path.join(ROOT, "configs", "studies", f"{name}.py"))
         commands = study.base["commands"]
         assert commands[-1][0] == script and all("--seed" in c for c in commands) and "seed" in study.base["recipe"]
-        assert os.path.isfile(os.path.join(ROOT, commands[0][0]))
+        for command in commands:  # every flag the recipe passes is one its script takes
+            usage = subprocess.run([sys.executable, os.path.join(ROOT, command[0]), "--help"], capture_output=True,
+                                   text=True, env={**os.environ, "PYTHONPATH": ROOT}).stdout
+            assert all(f in usage for f in command if f.startswith("--")), (command, usage)
         assert not math.isnan(len(study.contrasts)) and study.contrasts and study.primary == "final"
 
 
