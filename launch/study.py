@@ -81,9 +81,9 @@ def main(argv: list[str]) -> int:
             print(json.dumps(report.json_safe(summary), allow_nan=False) if args.json else tables)
             return 0
         if not args.report:
-            if not runner.ensure_base(study, ROOT, build=not args.no_build_base):
-                if study.base:
-                    print(f"study {study.name}: base model at {study.base['path']}")
+            built = runner.ensure_base(study, ROOT, build=not args.no_build_base)
+            if study.base and not built:
+                print(f"study {study.name}: base model at {study.base['path']}")
             if args.base_only:
                 return 0
             runner.run_study(study, os.path.join(ROOT, "configs"), shard=parse_shard(args.shard))

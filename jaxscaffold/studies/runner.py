@@ -62,7 +62,7 @@ class Study:
     baseline: str | None = None
     then: Mapping[str, tuple[str, tuple[str, ...]]] = dataclasses.field(default_factory=dict)  # arm -> its 2nd stage
     primary: str = "final"  # the primary metric (declared before the run)
-    contrasts: tuple["Contrast", ...] = ()  # declared before the run; Holm adjusts over the confirmatory ones
+    contrasts: tuple[Contrast, ...] = ()  # declared before the run; Holm adjusts over the confirmatory ones
     base: Mapping[str, object] = dataclasses.field(default_factory=dict)  # how its base model is made (`base`)
 
     def runs(self) -> list[tuple[str, int]]:
@@ -275,7 +275,7 @@ def ensure_base(study: Study, root: str, *, build: bool = True, say: Callable[[s
     say(f"study {study.name}: no base model at {study.base['path']}; building it ({study.base.get('recipe', '')}): "
         f"{shown}")
     for argv in commands:
-        done = subprocess.run(argv)
+        done = subprocess.run(argv, check=False)  # a failure is reported below, in one line
         if done.returncode != 0:
             raise StudyError(f"study {study.name}: building the base failed (exit {done.returncode}): "
                              f"python {' '.join(argv[1:])}")
