@@ -64,3 +64,14 @@ def test_overlong_buffer_and_group_stats_are_config_fields(tmp_path):
         config_lib.validate(config_lib.from_configdict(config_lib.parse_overrides(base, ["rl.overlong_buffer=-1"])))
     with pytest.raises(config_lib.ConfigError, match="group_stats"):
         config_lib.from_configdict(config_lib.parse_overrides(base, ["rl.group_stats=episode"]))
+
+
+def test_the_job_takes_dapo_overlong_shaping_from_the_config(tmp_path):
+    """A DAPO run has no overlong shaping unless rl.overlong_buffer sets it (the preset's 512 is
+    the DAPO paper's reading, not the reference's)."""
+    from jaxscaffold.train.job import build_job
+    from tests.train.configs import tiny_config
+    off, _ = build_job(tiny_config(tmp_path / "off", **{"rl.algorithm": "dapo"}))
+    on, _ = build_job(tiny_config(tmp_path / "on", **{"rl.algorithm": "dapo", "rl.overlong_buffer": 512}))
+    assert off.algo.overlong_buffer is None and on.algo.overlong_buffer == 512
+    assert (off.algo.clip_high, off.algo.dynamic_sampling) == (0.28, True)  # the rest is the preset's
