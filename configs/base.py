@@ -42,6 +42,8 @@ def get_config() -> ConfigDict:
     c.rl.recompute_old_logprobs = False  # True: the trainer recomputes the old log-probs before the updates (the reference, verl); False: the sampler's
     c.rl.tis_cap = 0.0  # truncated importance sampling: token loss x min(pi_trainer_old / pi_sampler, cap), e.g. 2 (Yao et al.); 0: off (needs recompute_old_logprobs)
     c.rl.dynamic_sampling_exhausted = "continue"  # DAPO after max_num_gen_batches: continue (train on the groups collected, as the reference) | raise
+    c.rl.overlong_buffer = 0  # DAPO's overlong length penalty over the last this-many tokens of a turn's budget (DAPO paper: e.g. 512); 0: off, as the reference's DAPO
+    c.rl.group_stats = "trajectory"  # step-wise rows: a group's mean/std counts each trajectory once ("trajectory") or every step row ("row": verl-agent, the reference)
 
     c.rollout = ConfigDict()
     c.rollout.tasks_per_step = 16  # distinct tasks (GRPO groups) per training step

@@ -17,8 +17,11 @@ Provenance (EnvAsScaffold `scripts/train.sh`, `verl/trainer/config/ppo_trainer.y
   of the groups" (ScienceWorld's rule): `fee_reference.py`;
 - prompt 8192 + response 2048 tokens, lr 1e-6 constant, weight decay 0.01, grad clip 1.0,
   1 PPO epoch, no KL loss, entropy coefficient 0, 16 tasks x group 8, 200 steps: base / fee.
+- `val_before_train=True`: an evaluation before the first step (eval.at_start, base.py's default);
+- verl-agent's group statistics count every step row (rl.group_stats = "row", fee_reference.py);
+- DAPO without overlong shaping (rl.overlong_buffer = 0, base.py's default; the DAPO paper's
+  reading: `--config.rl.overlong_buffer=512`).
 Algorithm: `--config.rl.algorithm=dapo` or `gspo` (train.sh's second argument).
-Not reproduced: `val_before_train=True` (an evaluation before the first step).
 """
 
 import os

@@ -68,6 +68,8 @@ class RL:
     recompute_old_logprobs: bool
     tis_cap: float
     dynamic_sampling_exhausted: Literal["continue", "raise"]
+    overlong_buffer: int = 0  # DAPO overlong shaping buffer in tokens; 0: off (the reference)
+    group_stats: Literal["trajectory", "row"] = "trajectory"  # what a group's statistics count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -506,6 +508,7 @@ def _check_update(r: RL) -> None:
     if r.minibatch_rows and r.num_minibatches != 1:
         raise ConfigError(f"config.rl.minibatch_rows={r.minibatch_rows} sets the mini-batches by rows: leave "
                           f"rl.num_minibatches at 1 (got {r.num_minibatches})")
+    _range("rl.overlong_buffer", r.overlong_buffer, 0)
     _range("rl.tis_cap", r.tis_cap, 0.0)
     if r.tis_cap and not r.recompute_old_logprobs:
         raise ConfigError(f"config.rl.tis_cap={r.tis_cap} weights by pi_trainer_old / pi_sampler: it needs "

@@ -9,11 +9,20 @@ Arms (all from the same hint-following base, launch/rooms_base.py; GRPO, group 8
               (the reference code's "inconsistent" env; feedback.mode=even)
 Expected directions (from the paper) are in fee_rooms_expected.md, written before the run.
 
+  ROOMS_STUDY_DIR=/path python launch/study.py --study fee_rooms --base-only   # builds base/ if missing
   ROOMS_STUDY_DIR=/path python launch/study.py --study fee_rooms --shard 0/2   # and 1/2
   ROOMS_STUDY_DIR=/path python launch/study.py --study fee_rooms --report
 
-ROOMS_STUDY_DIR (default runs/studies/fee_rooms) holds the base model (`base/`, made first
-with `python launch/rooms_base.py $ROOMS_STUDY_DIR/base`) and the runs.
+ROOMS_STUDY_DIR (default runs/studies/fee_rooms) holds the base model (`base/`) and the runs.
+The base is the study's `base`: launch/rooms_base.py's seeded recipe (its defaults: 2,000
+supervised steps of 64 rows, lr 3e-3, a teacher that shows the hint on half the turns and always
+takes it; seed 0), which launch/study.py builds when `base/` is missing (22-44 min on 2 cores;
+the fifth run's base came out with the fourth's rates to the digit, as the recipe is seeded).
+
+The contrasts below were declared on 2026-12-06, after runs 3-5, from the comparisons
+fee_rooms_expected.md lists before those runs; `exploratory` marks those chosen after a run
+(fee - fee_random on success was read off the fifth run's table). docs/studies/fee_rooms.md
+re-reports the committed runs with them.
 """
 
 import os
@@ -35,6 +44,36 @@ EVAL_LAYOUTS = int(os.environ.get("ROOMS_STUDY_EVAL", "64"))
 SIZE = [f"steps={STEPS}", f"feedback.switch_step={max(1, STEPS // 2)}", f"eval.every={max(1, STEPS // 2)}",
         f"checkpoint.every={STEPS}", f"envs.eval=rooms:test:{EVAL_LAYOUTS}"]
 COMMON = [f"model.hf_path={os.path.join(ROOT, 'base')}", *SIZE]
+BASE_SEED = 0
+# launch/rooms_base.py's defaults, named so that a change of its defaults shows here.
+BASE = {"path": os.path.join(ROOT, "base"),
+        "commands": [["launch/rooms_base.py", os.path.join(ROOT, "base"), "--steps", "2000", "--batch", "64",
+                      "--lr", "3e-3", "--seed", str(BASE_SEED)]],
+        "recipe": "launch/rooms_base.py: 2,000 SFT steps x 64 rows, lr 3e-3, hint on 1/2 of turns, always taken; "
+                  f"seed {BASE_SEED}"}
+
+
+def contrasts(final_step: int):
+    """The declared contrasts of the FEE rooms design: the Holm family, and exploratory ones."""
+    def c(a, b, metric, hypothesis="", step=None, exploratory=False):
+        return {"a": a, "b": b, "metric": metric, "step": step, "hypothesis": hypothesis, "exploratory": exploratory}
+
+    mid = max(1, final_step // 2)
+    return [
+        c("fee", "standard", "final", "fee > standard"),  # the primary contrast
+        c("ag_only", "standard", "final", "ag_only >= standard"),
+        c("oe_only", "standard", "final", "oe_only >= standard"),
+        c("fee", "ag_only", "final", "fee >= ag_only (the paper)"),
+        c("fee", "oe_only", "final", "fee >= oe_only (the paper)"),
+        c("fee_random", "fee", "reward_variability", "fee_random more variable"),
+        c("fee", "standard", "informative_share", "fee > standard"),
+        c("ag_only", "standard", "informative_share", "ag_only > standard"),
+        c("fee", "standard", "score", "fee >= standard", step=mid),
+        c("ag_only", "standard", "score", "ag_only >= standard", step=mid),
+        c("fee", "fee_random", "final", exploratory=True),
+        c("fee_random", "fee", "eval_variability", exploratory=True),
+        c("fee_random", "standard", "score", step=mid, exploratory=True),
+    ]
 
 
 def get_study():
@@ -47,6 +86,9 @@ def get_study():
         "seeds": [0, 1, 2, 3, 4],
         "score": "eval/score",
         "baseline": "standard",
+        "primary": "final",
+        "contrasts": contrasts(STEPS),
+        "base": BASE,
         "arms": {
             "standard": arm("feedback.schedule=none"),
             "fee": arm("feedback.schedule=ag_early_oe_late"),

@@ -12,7 +12,7 @@ no feedback) and the same number of policy steps.
 Expected directions (from the paper) are in rwml_rooms_expected.md, written before any run.
 
   D=runs/studies/rwml_rooms
-  python launch/rooms_base.py $D/base_rooms && python launch/rooms_wm_base.py $D/base_rooms $D/base
+  ROOMS_RWML_DIR=$D python launch/study.py --study rwml_rooms --base-only   # the bases, if missing
   ROOMS_RWML_DIR=$D python launch/study.py --study rwml_rooms [--shard 0/2]
   ROOMS_RWML_DIR=$D python launch/study.py --study rwml_rooms --report
 
@@ -29,6 +29,19 @@ WM_STEPS = int(os.environ.get("ROOMS_RWML_WM_STEPS", "40"))
 STEPS = int(os.environ.get("ROOMS_RWML_STEPS", "60"))
 SEEDS = int(os.environ.get("ROOMS_RWML_SEEDS", "5"))
 BASE = f"model.hf_path={os.path.join(ROOT, 'base')}"
+BASE_SEED = 0
+# The bases' seeded recipes (launch/study.py builds them when `base/` is missing): the FEE rooms
+# base (launch/rooms_base.py's defaults), then launch/rooms_wm_base.py's defaults on it.
+BASE_RECIPE = {
+    "path": os.path.join(ROOT, "base"),
+    "commands": [["launch/rooms_base.py", os.path.join(ROOT, "base_rooms"), "--steps", "2000", "--batch", "64",
+                  "--lr", "3e-3", "--seed", str(BASE_SEED)],
+                 ["launch/rooms_wm_base.py", os.path.join(ROOT, "base_rooms"), os.path.join(ROOT, "base"),
+                  "--warmup-steps", "4000", "--batch", "16", "--lr", "2e-3", "--copy-tasks", "512",
+                  "--seed", str(BASE_SEED)]],
+    "recipe": f"launch/rooms_base.py defaults (seed {BASE_SEED}), then launch/rooms_wm_base.py defaults "
+              f"(4,000 copy warm-up steps, seed {BASE_SEED})",
+}
 WORLD_MODEL = [BASE, f"steps={WM_STEPS}", f"eval.every={WM_STEPS}", f"checkpoint.every={WM_STEPS}"]
 EVAL_EVERY = int(os.environ.get("ROOMS_RWML_EVAL_EVERY", str(max(1, STEPS // 4))))
 # All 64 test layouts (greedy): on rooms.py's 16, one success is 6.25 points.
@@ -47,6 +60,16 @@ def get_study():
         "seeds": list(range(SEEDS)),
         "score": "eval/score",
         "baseline": "policy_rl",
+        "primary": "final",
+        "base": BASE_RECIPE,
+        # Declared on 2026-12-06 after runs 1-2, from rwml_rooms_expected.md's comparisons 1-2.
+        "contrasts": [
+            {"a": "rwml", "b": "policy_rl", "metric": "final", "hypothesis": "rwml > policy_rl"},
+            {"a": "wm_sft", "b": "policy_rl", "metric": "final", "hypothesis": "wm_sft <= policy_rl"},
+            {"a": "rwml", "b": "wm_sft", "metric": "final", "hypothesis": "rwml > wm_sft"},
+            {"a": "rwml", "b": "policy_rl", "metric": "peak", "hypothesis": "rwml > policy_rl"},
+            {"a": "wm_sft", "b": "policy_rl", "metric": "peak", "hypothesis": "wm_sft <= policy_rl"},
+        ],
         "arms": {
             "policy_rl": ("rwml_policy_rooms.py", [BASE, *POLICY]),
             "rwml": ("rwml_rooms.py", WORLD_MODEL, then),

@@ -1,13 +1,17 @@
-"""Named algorithm settings (GRPO, DAPO, GSPO, Dr.GRPO) as the FEE reference code runs them.
+"""Named algorithm settings (GRPO, DAPO, GSPO, Dr.GRPO) as the FEE reference code runs them
+(except DAPO's overlong shaping: the DAPO paper's, which runs only with `rl.overlong_buffer`).
 
 Values follow the FEE reference code (EnvAsScaffold on verl): see REFERENCE.md section 1
-("Batch ...") and section 3. Choices the reference leaves open, with their source:
+("Batch ...") and section 3. Where the reference fixes no value, or the preset is not the
+reference's, with the source:
 
 - clip_c = 3: verl's PPO loss ("vanilla") always applies the dual clip with clip_ratio_c 3.0,
   so GRPO / DAPO / Dr.GRPO runs on verl have it; verl's GSPO loss has no dual clip (None).
-- DAPO overlong_buffer = 512 tokens, factor 1.0: the DAPO recipe uses a 4096-token buffer
-  for a 20480-token limit (a fifth of it); with the reference's 2048-token responses the same
-  shaping needs a buffer of a few hundred tokens, 512 here. Override with the run's budget.
+- DAPO's overlong shaping: the reference's DAPO has none (EnvAsScaffold on verl), so a run
+  takes its buffer from `rl.overlong_buffer` (default 0: off) and not from this preset. The
+  preset's 512 tokens, factor 1.0, is the DAPO paper's reading, scaled to the reference's
+  2048-token responses (the paper: a 4096-token buffer for a 20480-token limit, a fifth);
+  `rl.overlong_buffer=512` runs it.
 - Dr.GRPO (arXiv 2503.20783; verl's recipe: `norm_adv_by_std_in_grpo=False`,
   `loss_agg_mode=seq-mean-token-sum-norm`): mean-only advantage and a constant token
   normaliser; the train step passes `agg_constant` = the max response length to `policy_loss`.
@@ -73,7 +77,7 @@ PRESETS = {
         agg="token-mean",
         dynamic_sampling=True,
         max_num_gen_batches=10,
-        overlong_buffer=512,
+        overlong_buffer=512,  # the DAPO paper's shaping; off in runs unless rl.overlong_buffer sets it
         overlong_factor=1.0,
     ),
     "gspo": AlgorithmConfig(name="gspo", loss_mode="gspo", clip_low=3e-4, clip_high=4e-4, clip_c=None),

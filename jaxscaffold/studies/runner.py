@@ -7,7 +7,18 @@ A study file is Python with `get_study()` returning a dict:
      "score": "eval/score",            # the eval metric whose peak and final are compared
      "baseline": "standard",           # paired differences are taken against this arm
      "arms": {"standard": ("rooms.py", ["feedback.schedule=none"]),
-              "fee": ("rooms.py", ["feedback.schedule=ag_early_oe_late"])}}
+              "fee": ("rooms.py", ["feedback.schedule=ag_early_oe_late"])},
+     "primary": "final",               # the primary metric (see METRICS)
+     "contrasts": [{"a": "fee", "b": "standard", "metric": "final", "hypothesis": "fee > standard"},
+                   {"a": "fee", "b": "standard", "metric": "score", "step": 10, "exploratory": True}],
+     "base": {"path": "runs/base", "commands": [["launch/rooms_base.py", "runs/base", "--seed", "0"]],
+              "recipe": "what the commands do, in words"}}
+
+Contrasts (any arm against any arm, on a metric of METRICS, "score" at a given step) and the
+primary metric are declared before the study runs; the report gives each its paired figures
+and Holm-adjusted p-values over the confirmatory ones (without contrasts: every arm against
+the baseline on the primary metric). `base`: the commands (run with this Python from the
+repository root) that build the shared base model at `path` when it is missing (`ensure_base`).
 
 Each run trains in `out_dir/ARM/seed_S` (its own checkpoints and logs: an interrupted run
 resumes there) and, once finished, leaves `run.json` (its history), so rerunning the study
@@ -29,6 +40,8 @@ import json
 import logging
 import os
 import resource
+import subprocess
+import sys
 import time
 from typing import Callable, Mapping, Sequence
 
@@ -48,6 +61,9 @@ class Study:
     score: str = "eval/score"
     baseline: str | None = None
     then: Mapping[str, tuple[str, tuple[str, ...]]] = dataclasses.field(default_factory=dict)  # arm -> its 2nd stage
+    primary: str = "final"  # the primary metric (declared before the run)
+    contrasts: tuple[Contrast, ...] = ()  # declared before the run; Holm adjusts over the confirmatory ones
+    base: Mapping[str, object] = dataclasses.field(default_factory=dict)  # how its base model is made (`base`)
 
     def runs(self) -> list[tuple[str, int]]:
         """Every (arm, seed), seed-major: a partial study has every arm at its first seeds."""
@@ -55,6 +71,30 @@ class Study:
 
     def run_dir(self, arm: str, seed: int) -> str:
         return os.path.join(self.out_dir, arm, f"seed_{seed}")
+
+
+# A contrast's metric: a figure of `stats.summarise_run` ("score" is the eval score at `step`).
+METRICS = ("final", "peak", "auc", "eval_variability", "score", "reward_variability", "informative_share",
+           "first_informative_step")
+
+
+@dataclasses.dataclass(frozen=True)
+class Contrast:
+    """Arm a - arm b on one metric over shared seeds. `exploratory`: reported, but outside the
+    Holm family (chosen after a run, or not a hypothesis); `hypothesis`: the expected
+    direction in words, for the record."""
+
+    a: str
+    b: str
+    metric: str
+    step: int | None = None
+    exploratory: bool = False
+    hypothesis: str = ""
+
+    @property
+    def name(self) -> str:
+        what = f"score@{self.step}" if self.metric == "score" else self.metric
+        return f"{self.a} - {self.b}: {what}"
 
 
 class StudyError(ValueError):
@@ -88,8 +128,37 @@ def load_study(path: str) -> Study:
             then[str(arm)] = (stages[1][0], tuple(stages[1][1]))
     if d.get("baseline") is not None and d["baseline"] not in arms:
         raise StudyError(f"{path}: baseline {d['baseline']!r} is not an arm ({', '.join(arms)})")
+    primary = d.get("primary", "final")
+    if primary not in METRICS:
+        raise StudyError(f"{path}: primary {primary!r} is not one of {METRICS}")
+    contrasts = tuple(_contrast(path, c, arms) for c in d.get("contrasts", ()))
+    base = dict(d.get("base") or {})
+    commands = base.get("commands")
+    if base and (not isinstance(base.get("path"), str) or not isinstance(commands, (list, tuple)) or not commands
+                 or not all(isinstance(c, (list, tuple)) and c and all(isinstance(x, str) for x in c)
+                            for c in commands)):
+        raise StudyError(f"{path}: base needs 'path' (the model directory) and 'commands' (argv lists of "
+                         "Python scripts, run from the repository root, that build it)")
     return Study(d["name"], d["out_dir"], tuple(int(s) for s in d["seeds"]), arms, d.get("score", "eval/score"),
-                 d.get("baseline"), then)
+                 d.get("baseline"), then, primary, contrasts, base)
+
+
+def _contrast(path: str, c, arms) -> Contrast:
+    if not isinstance(c, dict) or not {"a", "b", "metric"} <= set(c):
+        raise StudyError(f"{path}: a contrast is a dict with 'a', 'b', 'metric' (and 'step', 'exploratory', "
+                         f"'hypothesis'), got {c!r}")
+    unknown = set(c) - {f.name for f in dataclasses.fields(Contrast)}
+    if unknown:
+        raise StudyError(f"{path}: contrast {c!r}: unknown keys {sorted(unknown)}")
+    for side in ("a", "b"):
+        if c[side] not in arms:
+            raise StudyError(f"{path}: contrast {c!r}: {c[side]!r} is not an arm ({', '.join(arms)})")
+    if c["metric"] not in METRICS:
+        raise StudyError(f"{path}: contrast {c!r}: metric {c['metric']!r} is not one of {METRICS}")
+    if (c["metric"] == "score") != (c.get("step") is not None):
+        raise StudyError(f"{path}: contrast {c!r}: metric 'score' needs a 'step', other metrics none")
+    return Contrast(c["a"], c["b"], c["metric"], None if c.get("step") is None else int(c["step"]),
+                    bool(c.get("exploratory", False)), str(c.get("hypothesis", "")))
 
 
 def _checked(arm: str, stage: tuple[str, tuple[str, ...]], extra: list[str], configs_dir: str):
@@ -185,6 +254,34 @@ def run_study(study: Study, configs_dir: str, *, shard: tuple[int, int] = (0, 1)
 def peak_resident_gb() -> float:
     """This process's peak resident memory so far, GB (Linux reports ru_maxrss in KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def base_missing(study: Study) -> bool:
+    """Whether the study names a base model that is not there yet (no config.json at its path)."""
+    return bool(study.base) and not os.path.isfile(os.path.join(study.base["path"], "config.json"))
+
+
+def ensure_base(study: Study, root: str, *, build: bool = True, say: Callable[[str], None] = print) -> bool:
+    """Builds the study's base model by its seeded commands when it is missing (each run as
+    `python ROOT/ARGV[0] ARGV[1:]...` in this directory, where the study's paths are read;
+    their output passes through); True if it built one.
+    `build=False`: a missing base is a StudyError naming the commands."""
+    if not base_missing(study):
+        return False
+    commands = [[sys.executable, os.path.join(root, c[0]), *c[1:]] for c in study.base["commands"]]
+    shown = " && ".join("python " + " ".join(c) for c in study.base["commands"])
+    if not build:
+        raise StudyError(f"study {study.name}: no base model at {study.base['path']}; build it with: {shown}")
+    say(f"study {study.name}: no base model at {study.base['path']}; building it ({study.base.get('recipe', '')}): "
+        f"{shown}")
+    for argv in commands:
+        done = subprocess.run(argv, check=False)  # a failure is reported below, in one line
+        if done.returncode != 0:
+            raise StudyError(f"study {study.name}: building the base failed (exit {done.returncode}): "
+                             f"python {' '.join(argv[1:])}")
+    if base_missing(study):
+        raise StudyError(f"study {study.name}: the base commands ran but left no config.json in {study.base['path']}")
+    return True
 
 
 def _write_record(path: str, record: dict) -> None:

@@ -140,7 +140,8 @@ def build_job(cfg) -> tuple[Job, Any]:
     model_config, params = build_model(cfg, mesh)
     tokenizer = run_tokenizer(cfg.model)
     r, c = cfg.rl, cfg.rollout
-    algo = preset(r.algorithm, kl_coef=r.kl_coef, entropy_coef=r.entropy_coef)
+    # The run sets DAPO's overlong shaping (rl.overlong_buffer, 0: off), not the preset.
+    algo = preset(r.algorithm, kl_coef=r.kl_coef, entropy_coef=r.entropy_coef, overlong_buffer=r.overlong_buffer or None)
     opt_config = optimizer_config(cfg)
     opt = opt_config.make()
     data_parallel = mesh.shape["data"] * mesh.shape["fsdp"]

@@ -31,10 +31,9 @@ def train_on(job: Job, state, episodes: list[Episode]):
     local); each process feeds its rows and every optimizer step trains on the global batch."""
     ok = [e for e in episodes if e.failure is None and e.training_rows()]
     rewards, penalty = shaped_rewards(ok, job.algo, job.cfg.rollout.max_new_tokens)
-    group_ids = np.asarray([e.group for e in ok])
-    adv = advantages(rewards, group_ids, **job.algo.advantage_kwargs())
     # One row per trajectory, or (step-wise) one per model turn sharing its episode's advantage.
-    rows = [(conv, a) for e, a in zip(ok, adv) for conv in e.training_rows()]
+    rows = list(zip((conv for e in ok for conv in e.training_rows()),
+                    row_advantages(ok, rewards, job.algo, job.cfg.rl.group_stats)))
     r = job.cfg.rl
     batches = []
     global_rows = sum(allgather_json(len(rows)))  # every process makes as many optimizer steps
@@ -60,6 +59,18 @@ def train_on(job: Job, state, episodes: list[Episode]):
     if job.algo.overlong_buffer:
         metrics["overlong_penalty"] = float(penalty.mean()) if len(penalty) else 0.0
     return state, {f"train/{k}": v for k, v in metrics.items()}
+
+
+def row_advantages(episodes: Sequence[Episode], rewards: np.ndarray, algo, group_stats: str) -> np.ndarray:
+    """One advantage per training row of `episodes` (in their order), every row of an episode
+    sharing its reward. `group_stats`: what a group's mean and std count, each trajectory once
+    ("trajectory") or every step row ("row", verl-agent's: a long episode weighs more)."""
+    counts = [len(e.training_rows()) for e in episodes]
+    row_rewards = np.repeat(np.asarray(rewards, np.float64), counts)
+    row_groups = np.repeat(np.asarray([e.group for e in episodes]), counts)
+    row_episodes = np.repeat(np.arange(len(episodes)), counts)
+    return advantages(row_rewards, row_groups, traj_ids_N=row_episodes, count=group_stats,
+                      **algo.advantage_kwargs())
 
 
 def minibatches(num_rows: int, num_minibatches: int, minibatch_rows: int = 0,

@@ -19,7 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 #   optim.lr=1e-6; entropy_coeff=0; use_kl_loss=False; total_training_steps=200; test_freq=5
 # ppo_trainer.yaml: ppo_epochs 1, weight_decay 0.01, grad_clip 1.0, env.history_length 2,
 #   rollout temperature 1.0, top_p 1, filter_groups.max_num_gen_batches 10
-# REFERENCE.md section 1: validation with the training horizon; make_envs' ScienceWorld
+# REFERENCE.md section 1: val_before_train=True; DAPO with no overlong shaping; step rows count in
+#   their group's statistics (verl-agent's default); validation with the training horizon; make_envs' ScienceWorld
 #   simplifications "easy"; old log-probs recomputed by the actor; ScienceWorld's "probability
 #   0.5" = the first half of the groups, BFCL's a per-group seeded coin; the inconsistent
 #   ablation = even-indexed envs of each group.
@@ -28,7 +29,8 @@ SHARED = {"steps": 200, "rl.lr": 1e-6, "rl.weight_decay": 0.01, "rl.grad_clip": 
           "rl.recompute_old_logprobs": True, "rl.tis_cap": 0.0, "rl.dynamic_sampling_exhausted": "continue",
           "rollout.tasks_per_step": 16, "rollout.group_size": 8, "rollout.max_new_tokens": 2048,
           "rollout.max_len": 8192 + 2048, "rollout.temperature": 1.0, "rollout.top_p": 1.0,
-          "rollout.representation": "stepwise", "rollout.history_window": 2, "eval.every": 5}
+          "rollout.representation": "stepwise", "rollout.history_window": 2, "eval.every": 5,
+          "eval.at_start": True, "rl.overlong_buffer": 0, "rl.group_stats": "row"}
 SCIWORLD = {**SHARED, "envs.train": "sciworld", "envs.eval": "sciworld", "rollout.max_turns": 15,
             "eval.max_turns": 15, "eval.tasks": 128, "feedback.mode": "first_half"}
 BFCL = {**SHARED, "envs.train": "bfcl", "envs.eval": "bfcl:validation", "rollout.max_turns": 50,
