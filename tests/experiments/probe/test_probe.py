@@ -1,6 +1,6 @@
 """The output-probability probe: its numbers equal transformers' Qwen3 on the exported weights
 (the conversation rendered by the HF tokenizer's own chat template), and a model trained on the
-enriched outputs (an SGD step) scores higher, read back from a checkpoint by launch/probe.py."""
+enriched outputs (an SGD step) scores higher, read back from a checkpoint by experiments/probe/probe.py."""
 
 from __future__ import annotations
 
@@ -17,17 +17,17 @@ import pytest
 
 pytest.importorskip("bfcl_eval")
 
-from jaxscaffold.feedback.bfcl_probe import probe_cases  # noqa: E402
+from experiments.probe.cases import probe_cases  # noqa: E402
 from jaxscaffold.models import hf_io  # noqa: E402
 from jaxscaffold.models.chat import Qwen3ChatRenderer  # noqa: E402
 from jaxscaffold.models.tokenizer import cached_hf_tokenizer_dir  # noqa: E402
-from jaxscaffold.train import probe  # noqa: E402
+from experiments.probe import scoring as probe  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _run_probe(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, os.path.join(ROOT, "launch", "probe.py"), *args, "--json"],
+    return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "probe", "probe.py"), *args, "--json"],
                           capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": ROOT})
 
 

@@ -14,7 +14,7 @@ tool-call / tool-response turns, as Qwen3 is trained to read tools; the env's qw
 user-turn observations carry the same texts): the entry's instructions as the system message
 with its function docs as `tools`, a user request, then per call the assistant's tool call and
 the enriched output as a tool message. The calls before the probed one (a `cd` into the folder)
-are context; the last message is the output scored (`jaxscaffold.train.probe`).
+are context; the last message is the output scored (`experiments.probe.scoring`).
 """
 
 from __future__ import annotations

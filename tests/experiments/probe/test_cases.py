@@ -11,7 +11,7 @@ pytest.importorskip("bfcl_eval")
 
 from jaxscaffold.envs import bfcl  # noqa: E402
 from jaxscaffold.feedback.bfcl_oe import FS_CHANGING  # noqa: E402
-from jaxscaffold.feedback.bfcl_probe import PROBE_ENTRY, probe_cases  # noqa: E402
+from experiments.probe.cases import PROBE_ENTRY, probe_cases  # noqa: E402
 
 # The listing of /alex/workspace after each operation, from the entry's initial_config by hand:
 # log.txt, archive/ (empty) and .hidden_file (hidden: `ls()` leaves it out).

@@ -1,11 +1,11 @@
 """The output-probability probe (the FEE paper's internalisation test): the mean log-probability
 a model gives the OE-enriched outputs of 8 BFCL file-system operations (cd, mkdir, touch, rm,
 rmdir, mv, cp, echo), teacher-forced with the model's chat template, per operation and their
-mean (`jaxscaffold.train.probe`; the cases: `jaxscaffold.feedback.bfcl_probe`).
+mean (`experiments.probe.scoring`; the cases: `experiments.probe.cases`).
 
-  python launch/probe.py --checkpoint runs/fee_bfcl [--step N] --json   (a training run's model)
-  python launch/probe.py --model /path/to/hf_dir --json                  (an HF directory)
-  python launch/probe.py --config fee_bfcl.py --json                     (a config's untrained model)
+  python experiments/probe/probe.py --checkpoint runs/fee_bfcl [--step N] --json   (a training run's model)
+  python experiments/probe/probe.py --model /path/to/hf_dir --json                  (an HF directory)
+  python experiments/probe/probe.py --config fee_bfcl.py --json                     (a config's untrained model)
 
 Run it on the checkpoints of a FEE run and of a standard run: the paper reads a rising score
 as the feedback being written into the weights. `--json` prints one JSON object: the model's
@@ -20,7 +20,7 @@ import json
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 
@@ -75,10 +75,10 @@ def main(argv: list[str] | None = None) -> None:
     if sum(map(bool, (args.checkpoint, args.model, base is not None))) != 1:
         fail("give one of --checkpoint DIR, --model HF_DIR or --config NAME_OR_PATH")
     from jaxscaffold.envs.base import EnvError
-    from jaxscaffold.feedback.bfcl_probe import PROBE_ENTRY, probe_cases
+    from experiments.probe.cases import PROBE_ENTRY, probe_cases
     from jaxscaffold.models.hf_io import CheckpointError
     from jaxscaffold.train.checkpoint import CheckpointCorrupt, CheckpointNotFound
-    from jaxscaffold.train.probe import probe_report
+    from experiments.probe.scoring import probe_report
     try:
         cases = probe_cases()
         if args.checkpoint:

@@ -1,14 +1,14 @@
 """The output-probability probe (the FEE paper's internalisation test): the mean log-probability
 a model gives the enriched outputs of 8 file-system operations, teacher-forced.
 
-Each case (`feedback.bfcl_probe.probe_cases`) is rendered with the model's chat template
+Each case (`cases.probe_cases`) is rendered with the model's chat template
 (`Qwen3ChatRenderer`, tools in its tools block); the scored tokens are the text of the last
 tool response, everything strictly between its `<tool_response>` and `</tool_response>` (the
 output and the newline on either side, which BPE may merge with its first or last character).
 Per operation the score is the mean over those tokens of log p(token | everything before it);
 the probe's score is the mean of the 8 operations' scores (each operation weighs the same
 whatever its length). A model whose training showed these outputs (OE) should score higher
-than before; see `launch/probe.py`.
+than before; see `experiments/probe/probe.py`.
 """
 
 from __future__ import annotations
