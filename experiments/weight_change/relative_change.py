@@ -4,7 +4,7 @@ The RWML paper's evidence that world-model RL changes a model less than SFT does
 relative change of each layer's attention (q, k, v, o) and MLP (gate, up, down) matrices
 between two Hugging Face checkpoint directories. Both are read with `safetensors_io`, one
 tensor at a time and a block of rows at a time, so comparing two 8B checkpoints needs about
-two blocks of host memory, not two checkpoints. `launch/weight_change.py` prints the result.
+two blocks of host memory, not two checkpoints. `weight_change.py` beside it prints the result.
 """
 
 from __future__ import annotations

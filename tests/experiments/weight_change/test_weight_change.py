@@ -1,4 +1,4 @@
-"""`weight_change` and `launch/weight_change.py` on tiny random checkpoints written with
+"""`weight_change` and `experiments/weight_change/weight_change.py` on tiny random checkpoints written with
 `hf_io.save_pretrained`: zero for identical weights, a known perturbation's exact relative
 norm, a NumPy reference of the formula, and one-line errors with exit status 2."""
 
@@ -14,9 +14,9 @@ from safetensors.numpy import load_file
 
 from jaxscaffold.models import config as config_lib
 from jaxscaffold.models import hf_io, qwen3
-from jaxscaffold.models import weight_change as wc
+from experiments.weight_change import relative_change as wc
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 CONFIG = config_lib.tiny(vocab_size=512, num_layers=3)
 
 
@@ -30,7 +30,7 @@ def save(path, params, config=CONFIG, **kw) -> str:
 
 
 def run(*args):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "launch", "weight_change.py"), *map(str, args)],
+    return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "weight_change", "weight_change.py"), *map(str, args)],
                           check=False, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": ROOT})
 

@@ -1,6 +1,6 @@
 """How much training moved a model's weights, layer by layer (the RWML paper's RWML-vs-SFT evidence).
 
-    python launch/weight_change.py BASE_HF_DIR TRAINED_HF_DIR [--json]
+    python experiments/weight_change/weight_change.py BASE_HF_DIR TRAINED_HF_DIR [--json]
 
 Prints ||W_trained - W_base||_F / ||W_base||_F for each layer's attention (q, k, v, o) and MLP
 (gate, up, down) matrices, their mean per module type, and the overall change; `--json` prints
@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def main() -> None:
@@ -24,7 +24,7 @@ def main() -> None:
     p.add_argument("trained", help="the HF checkpoint directory after training")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args()
-    from jaxscaffold.models.weight_change import WeightChangeError, format_table, weight_change
+    from experiments.weight_change.relative_change import WeightChangeError, format_table, weight_change
     try:
         report = weight_change(args.base, args.trained)
     except WeightChangeError as e:
