@@ -6,7 +6,7 @@ added, a wrong object number or receptacle, another action's outcome; for tau2's
 a text result), and what a template that only echoes the action earns.
 
 The paper's thresholds (ALFWorld 0.1 / 0.2) were set for Qwen3-Embedding-8B; a different
-embedder spreads distances differently, so `launch/rwml_calibrate.py` measures the classes
+embedder spreads distances differently, so `calibrate.py` beside it measures the classes
 below on real ALFWorld triples and picks the threshold that separates them best.
 """
 

@@ -1,8 +1,8 @@
 """Calibrate the world-model reward for an embedder on real transitions of *training* games.
 
-    ALFWORLD_DATA=/path/to/alfworld python launch/rwml_calibrate.py --env alfworld --tasks 40 [--json]
+    ALFWORLD_DATA=/path/to/alfworld python experiments/calibration/calibrate.py --env alfworld --tasks 40 [--json]
 
-    python launch/rwml_calibrate.py --env tau2 --tasks 60 --steps 20 [--json]
+    python experiments/calibration/calibrate.py --env tau2 --tasks 60 --steps 20 [--json]
 
 Collects triples with the scripted explorer (expert step or random admissible command; tau2,
 without a user model: the gold calls or a probe call of another tool, telecom solo), then
@@ -28,7 +28,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def collect(args):
@@ -137,7 +137,7 @@ def main() -> None:
         main_rooms(args)
         return
 
-    from jaxscaffold.worldmodel import calibration
+    from experiments.calibration import calibration
     from jaxscaffold.worldmodel.embedders import make_embedder
 
     try:
