@@ -1,8 +1,8 @@
 """Runs a study, arms x seeds, and reports it: `python launch/study.py --study NAME_OR_PATH`.
 
-  python launch/study.py --study fee_rooms                # configs/studies/fee_rooms.py
-  python launch/study.py --study fee_rooms --shard 1/4    # this process's quarter of the runs
-  python launch/study.py --study fee_rooms --report       # only summarise the finished runs
+  python launch/study.py --study rooms_fee                # experiments/rooms_fee/study.py
+  python launch/study.py --study rooms_fee --shard 1/4    # this process's quarter of the runs
+  python launch/study.py --study rooms_fee --report       # only summarise the finished runs
 
 Finished runs are skipped, an interrupted one resumes from its checkpoint; `study.json` and
 `study.png` (per arm: mean and 95% bootstrap interval of the eval score's peak and final, the
@@ -26,11 +26,13 @@ from jaxscaffold.studies import report, runner  # noqa: E402
 
 
 def study_path(value: str) -> str:
-    for path in (value, os.path.join(ROOT, "configs", "studies", value),
-                 os.path.join(ROOT, "configs", "studies", value + ".py")):
+    """A study file: a path, or an experiment's name (experiments/NAME/study.py)."""
+    for path in (value, os.path.join(ROOT, "experiments", value, "study.py")):
         if os.path.isfile(path):
             return path
-    raise runner.StudyError(f"no study {value!r} (not a file, not in configs/studies/)")
+    names = sorted(d for d in os.listdir(os.path.join(ROOT, "experiments"))
+                   if os.path.isfile(os.path.join(ROOT, "experiments", d, "study.py")))
+    raise runner.StudyError(f"no study {value!r} (not a file, not one of experiments/: {', '.join(names)})")
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -43,7 +45,7 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--study", required=True, help="a study file, or a name in configs/studies/")
+    p.add_argument("--study", required=True, help="a study file, or an experiment in experiments/ (NAME/study.py)")
     p.add_argument("--shard", default="0/1", help="i/n: run every n-th run starting at i")
     p.add_argument("--report", action="store_true", help="summarise the finished runs only")
     p.add_argument("--json", action="store_true", help="print study.json's content")

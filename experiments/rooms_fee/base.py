@@ -1,4 +1,4 @@
-"""A base model for the rooms testbed: `python launch/rooms_base.py OUT_DIR [--steps N] [--hint P]
+"""A base model for the rooms testbed: `python experiments/rooms_fee/base.py OUT_DIR [--steps N] [--hint P]
 [--follow P] [--oe P]`.
 
 Why: RL from a random init gets no reward on rooms (a random tiny model writes no valid
@@ -18,8 +18,8 @@ is what RL has to learn. The hint and checklist texts are the feedback enrichers
 (`feedback.enrichers.rooms_ag`, `rooms_oe`). Writes an HF directory (config.json +
 safetensors) that a run loads with `model.hf_path=OUT_DIR` and `model.vocabulary=rooms`.
 
-The defaults are the base the third FEE study ran from (2026-12-03; configs/studies/fee_rooms*):
-copying emerges late. Measured by launch/rooms_measure.py (64 test layouts at 2,000 steps, 32 at
+The defaults are the base the third FEE study ran from (experiments/rooms_fee/):
+copying emerges late. Measured by experiments/rooms_fee/measure.py (64 test layouts at 2,000 steps, 32 at
 the others), the share of hinted turns on which the model takes the hint, AG on every step:
 0.35 at 500 steps, 0.36 at 1,000, 0.50 at 1,500, 0.92 at 2,000 (success 0.95 with hints on
 every step, 0.09 on the first 3 only, 0.02 without; valid actions 0.87). The earlier defaults
@@ -37,7 +37,7 @@ import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 import jax  # noqa: E402
@@ -56,7 +56,7 @@ from jaxscaffold.train.batching import build_batch  # noqa: E402
 from jaxscaffold.train.vocabularies import word_tokenizer  # noqa: E402
 
 
-# The teacher of the defaults (the base the third FEE study ran from; launch/rooms_wm_base.py's
+# The teacher of the defaults (the base the third FEE study ran from; experiments/rooms_rwml/base.py's
 # policy rows use it too): a hint on half the turns, always taken; an OE checklist on 10%.
 TEACHER = {"hint": 0.5, "follow": 1.0, "oe": 0.1}
 

@@ -1,7 +1,7 @@
-"""How a rooms model acts: `python launch/rooms_measure.py HF_DIR [--episodes N] [--split S] [--json]`.
+"""How a rooms model acts: `python experiments/rooms_fee/measure.py HF_DIR [--episodes N] [--split S] [--json]`.
 
 Plays N episodes of the rooms testbed with the model (HF directory, `model.vocabulary=rooms`,
-e.g. launch/rooms_base.py's output), in the step-wise rows configs/rooms.py trains on
+e.g. experiments/rooms_fee/base.py's output), in the step-wise rows configs/rooms.py trains on
 (`envs.prompts.history_window_text`, history window 0), under four conditions:
   standard   no feedback, sampled at temperature 1 (what a standard-env GRPO group sees)
   greedy     no feedback, greedy (what training-time evaluation scores)
@@ -19,7 +19,7 @@ import json
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 from jaxscaffold.envs import rooms  # noqa: E402

@@ -8,7 +8,8 @@ import pytest
 
 from jaxscaffold.envs import rooms
 from jaxscaffold.models import config as model_configs
-from jaxscaffold.models import qwen3, vocab_transfer
+from experiments.rooms_rwml import vocab_transfer
+from jaxscaffold.models import qwen3
 from jaxscaffold.models.word_tokenizer import padded_vocab_size
 from jaxscaffold.train.vocabularies import word_tokenizer
 

@@ -1,6 +1,6 @@
-"""launch/rooms_base.py's teacher rows: the rollout's step-wise format, the loss on the action
+"""experiments/rooms_fee/base.py's teacher rows: the rollout's step-wise format, the loss on the action
 alone, actions from the listed ones, and the hinted action followed where a hint is shown; and
-launch/rooms_measure.py's one-line errors."""
+experiments/rooms_fee/measure.py's one-line errors."""
 
 import importlib.util
 import os
@@ -12,11 +12,11 @@ from jaxscaffold.envs import rooms
 from jaxscaffold.models.chat import Qwen3ChatRenderer
 from jaxscaffold.train.vocabularies import word_tokenizer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _module(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "launch", f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "experiments", "rooms_fee", f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -24,7 +24,7 @@ def _module(name):
 
 def _rows(seed, **probs):
     tok = word_tokenizer("rooms")
-    rows = _module("rooms_base").base_rows(rooms.RoomsEnv(), rooms.catalogue("train")[seed], Qwen3ChatRenderer(tok),
+    rows = _module("base").base_rows(rooms.RoomsEnv(), rooms.catalogue("train")[seed], Qwen3ChatRenderer(tok),
                                            random.Random(seed), 14, **probs)
     return tok, rows
 
@@ -61,9 +61,9 @@ def test_always_followed_hints_walk_the_shortest_plan():
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path):
-    for script, args in (("rooms_base.py", [str(tmp_path / "b"), "--hint", "0.8", "--oe", "0.5"]),
-                         ("rooms_measure.py", [str(tmp_path), "--episodes", "3"])):
-        run = subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args], capture_output=True,
+    for script, args in (("base.py", [str(tmp_path / "b"), "--hint", "0.8", "--oe", "0.5"]),
+                         ("measure.py", [str(tmp_path), "--episodes", "3"])):
+        run = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "rooms_fee", script), *args], capture_output=True,
                              text=True, timeout=300)
         assert run.returncode == 2 and run.stderr.strip().count("\n") == 0 and "error" in run.stderr
 
@@ -72,7 +72,7 @@ def test_a_base_of_a_given_size_saves_its_steps_and_continues_from_one(tmp_path)
     """--hidden / --layers size the model, --save-every writes intermediate bases, and --init
     continues from one (here with the cosine schedule): each output loads as an HF directory."""
     from jaxscaffold.models import hf_io
-    main = _module("rooms_base").main
+    main = _module("base").main
     first = tmp_path / "first"
     assert main([str(first), "--steps", "2", "--batch", "4", "--hidden", "32", "--layers", "1", "--save-every", "1"]) == 0
     config, params = hf_io.load_pretrained(str(first / "step_1"))

@@ -1,27 +1,27 @@
-"""The base of the rooms RWML study: `python launch/rooms_wm_base.py ROOMS_BASE OUT_DIR [--warmup-steps N]`.
+"""The base of the rooms RWML study: `python experiments/rooms_rwml/base.py ROOMS_BASE OUT_DIR [--warmup-steps N]`.
 
-From launch/rooms_base.py's model (supervised on its hint-following teacher, `rooms` words), two steps:
-1. the `rooms_wm` vocabulary (`jaxscaffold.models.vocab_transfer`: learned rows kept, RWML's
+From experiments/rooms_fee/base.py's model (supervised on its hint-following teacher, `rooms` words), two steps:
+1. the `rooms_wm` vocabulary (`vocab_transfer` beside it: learned rows kept, RWML's
    words, `<next_state>` among them, freshly initialised);
 2. a format warm-up (N supervised steps, default 4,000 of batch 16 at lr 2e-3, ~18 min here), each
    batch a mix: `--policy-share` of its rows are the rooms base's own training examples (step-wise
-   rows of its teacher on the train split, launch/rooms_base.py's `teacher_batch` with its
+   rows of its teacher on the train split, experiments/rooms_fee/base.py's `teacher_batch` with its
    `TEACHER`), the rest explorer triples of `--copy-tasks` train layouts (default all 512: ~5,700
    triples) answered `<next_state>CURRENT STATE</next_state>`, i.e. the identity world model.
    Why so many: 500 steps on 268 triples of 24 layouts taught the format and a *memorised* state
    (0 of 32 held-out copies exact); 4,000 on all layouts copy 11 of 32 exactly
-   (configs/studies/rwml_rooms_observed.md).
+   (experiments/rooms_rwml/observed.md).
 Why 2: the paper's base is an instruct model that writes a requested answer format; ours has
 never seen `<next_state>`, so every world-model answer would be unparsable and RWML's GRPO
 would get no signal at all. Copying the current state teaches the format and nothing of the
 dynamics (it is right only where the action changes nothing: `look`, ~18% of triples), so
 stage 1 starts with some reward to improve on. The policy rows are why the mix: copy targets
 alone (30 steps at lr 1e-3) moved the policy's first answer token from `look` to `The` and its
-entropy from 1.5 to 4.9 nats, so no arm could act (configs/studies/rwml_rooms_observed.md).
+entropy from 1.5 to 4.9 nats, so no arm could act (experiments/rooms_rwml/observed.md).
 At the end the script prints a check on held-out (test split) prompts: the share of parsable
 `<next_state>` answers, greedy and sampled, and on policy prompts the first-token entropy and
 the greedy valid-action rate (`--warmup-steps 0` gives the moved rooms base's figures).
-Every arm of configs/studies/rwml_rooms.py, policy RL alone included, starts from OUT_DIR
+Every arm of experiments/rooms_rwml/study.py, policy RL alone included, starts from OUT_DIR
 (`model.hf_path`, `model.vocabulary=rooms_wm`).
 """
 
@@ -37,7 +37,7 @@ import random
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 
@@ -62,9 +62,9 @@ def copy_triples(cfg, split: str, tasks: int, seed: int):
 
 @functools.lru_cache(maxsize=None)
 def rooms_base_module():
-    """launch/rooms_base.py as a module (its public `teacher_batch` and `TEACHER`: the base's own
+    """experiments/rooms_fee/base.py as a module (its public `teacher_batch` and `TEACHER`: the base's own
     examples), loaded once."""
-    spec = importlib.util.spec_from_file_location("rooms_base", os.path.join(ROOT, "launch", "rooms_base.py"))
+    spec = importlib.util.spec_from_file_location("rooms_base", os.path.join(ROOT, "experiments", "rooms_fee", "base.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -212,7 +212,8 @@ def main(argv: list[str]) -> int:
         return 2
 
     from jaxscaffold import config as config_lib
-    from jaxscaffold.models import hf_io, vocab_transfer
+    from experiments.rooms_rwml import vocab_transfer
+    from jaxscaffold.models import hf_io
     from jaxscaffold.train.job import build_job
     from jaxscaffold.train.vocabularies import word_tokenizer
 

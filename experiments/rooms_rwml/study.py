@@ -1,6 +1,6 @@
 """RWML's comparison on the rooms testbed: policy RL alone, RWML then policy RL, WM-SFT then
-policy RL; 5 seeds each, every arm from the same base (launch/rooms_base.py moved to the
-`rooms_wm` words and warmed up on the answer format by launch/rooms_wm_base.py), the same stage-2 config (configs/rwml_policy_rooms.py: GRPO on success,
+policy RL; 5 seeds each, every arm from the same base (experiments/rooms_fee/base.py moved to the
+`rooms_wm` words and warmed up on the answer format by experiments/rooms_rwml/base.py), the same stage-2 config (configs/rwml_policy_rooms.py: GRPO on success,
 no feedback) and the same number of policy steps.
 
   policy_rl   stage 2 alone, from the base
@@ -9,12 +9,12 @@ no feedback) and the same number of policy steps.
   wm_sft      configs/rwml_rooms.py with rwml.objective=sft (cross-entropy on the same triples,
               as many steps), then stage 2 from its export
 
-Expected directions (from the paper) are in rwml_rooms_expected.md, written before any run.
+Expected directions (from the paper) are in experiments/rooms_rwml/expected.md, written before any run.
 
   D=runs/studies/rwml_rooms
-  python launch/rooms_base.py $D/base_rooms && python launch/rooms_wm_base.py $D/base_rooms $D/base
-  ROOMS_RWML_DIR=$D python launch/study.py --study rwml_rooms [--shard 0/2]
-  ROOMS_RWML_DIR=$D python launch/study.py --study rwml_rooms --report
+  python experiments/rooms_fee/base.py $D/base_rooms && python experiments/rooms_rwml/base.py $D/base_rooms $D/base
+  ROOMS_RWML_DIR=$D python launch/study.py --study rooms_rwml [--shard 0/2]
+  ROOMS_RWML_DIR=$D python launch/study.py --study rooms_rwml --report
 
 ROOMS_RWML_DIR (default runs/studies/rwml_rooms) holds the bases and the runs;
 ROOMS_RWML_WM_STEPS (stage 1, default 40) and ROOMS_RWML_STEPS (stage 2, default 60) size it;

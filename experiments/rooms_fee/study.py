@@ -1,19 +1,19 @@
 """The paper's four FEE comparisons on the rooms testbed (configs/rooms.py), 5 arms x 5 seeds.
 
-Arms (all from the same hint-following base, launch/rooms_base.py; GRPO, group 8):
+Arms (all from the same hint-following base, experiments/rooms_fee/base.py; GRPO, group 8):
   standard    no feedback (the baseline)
   fee         AG on episode steps 0-2 up to `feedback.switch_step`, OE on steps 5-9 after it
   ag_only     AG on episode steps 0-2 through all of training
   oe_only     OE on episode steps 5-9 through all of training
   fee_random  as fee, but the feedback coin inside a group: the even-indexed rollouts get it
               (the reference code's "inconsistent" env; feedback.mode=even)
-Expected directions (from the paper) are in fee_rooms_expected.md, written before the run.
+Expected directions (from the paper) are in experiments/rooms_fee/expected.md, written before the run.
 
-  ROOMS_STUDY_DIR=/path python launch/study.py --study fee_rooms --shard 0/2   # and 1/2
-  ROOMS_STUDY_DIR=/path python launch/study.py --study fee_rooms --report
+  ROOMS_STUDY_DIR=/path python launch/study.py --study rooms_fee --shard 0/2   # and 1/2
+  ROOMS_STUDY_DIR=/path python launch/study.py --study rooms_fee --report
 
 ROOMS_STUDY_DIR (default runs/studies/fee_rooms) holds the base model (`base/`, made first
-with `python launch/rooms_base.py $ROOMS_STUDY_DIR/base`) and the runs.
+with `python experiments/rooms_fee/base.py $ROOMS_STUDY_DIR/base`) and the runs.
 """
 
 import os
@@ -21,12 +21,12 @@ import os
 ROOT = os.environ.get("ROOMS_STUDY_DIR", "runs/studies/fee_rooms")
 # Sized to this shared 2-core machine. Run (1): ROOMS_STUDY_STEPS=3, trajectory rows. Run (2): step-wise
 # rows (configs/rooms.py), a base that did not yet follow hints, 6 steps. Run (3): the base of
-# launch/rooms_base.py's defaults (it takes a shown hint 92% of the time), 12 steps, rl.lr 1e-2.
+# experiments/rooms_fee/base.py's defaults (it takes a shown hint 92% of the time), 12 steps, rl.lr 1e-2.
 # Run (4): a base on the fixed vocabulary, rl.lr 1e-3, 20 steps a run (AG early on steps 1-10, OE
 # late on 11-20), evaluations at steps 10 and 20 on 32 test layouts, 2 shards, ~1 h here. Run (5),
 # the default: as (4) with the samplers' stop-id fix, evaluated on all 64 test layouts (greedy; one
-# success = 1.6 points; ROOMS_STUDY_EVAL sets the number). fee_rooms_expected.md has each run's expectations,
-# written before it ran; fee_rooms_observed.md what it showed. The shapes are configs/rooms.py's, so
+# success = 1.6 points; ROOMS_STUDY_EVAL sets the number). experiments/rooms_fee/expected.md has each run's expectations,
+# written before it ran; experiments/rooms_fee/observed.md what it showed. The shapes are configs/rooms.py's, so
 # the compiled programs are shared by all runs through JAX's persistent cache
 # (JAX_COMPILATION_CACHE_DIR). On a quiet or bigger machine, raise STEPS (e.g. 200 with switch 100,
 # as the paper).

@@ -1,4 +1,4 @@
-"""launch/rooms_wm_base.py's warm-up batches: both kinds of example, and no next-state knowledge.
+"""experiments/rooms_rwml/base.py's warm-up batches: both kinds of example, and no next-state knowledge.
 
 The base must keep acting (policy rows: the rooms base's own step-wise teacher rows) and
 learn the answer format from targets that carry nothing of the dynamics (copy rows: the current
@@ -17,11 +17,11 @@ from jaxscaffold.train.vocabularies import word_tokenizer
 from jaxscaffold.worldmodel import task as task_lib
 from jaxscaffold.worldmodel import triples as triples_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("rooms_wm_base", os.path.join(ROOT, "launch", "rooms_wm_base.py"))
+    spec = importlib.util.spec_from_file_location("rooms_wm_base", os.path.join(ROOT, "experiments", "rooms_rwml", "base.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
