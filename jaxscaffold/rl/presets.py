@@ -1,7 +1,7 @@
 """Named algorithm settings (GRPO, DAPO, GSPO, Dr.GRPO) as the FEE reference code runs them.
 
-Values follow the FEE reference code (EnvAsScaffold on verl): see REFERENCE.md section 1
-("Batch ...") and section 3. Choices the reference leaves open, with their source:
+Values follow the FEE reference code (EnvAsScaffold on verl): its batch settings
+and loss. Choices the reference leaves open, with their source:
 
 - clip_c = 3: verl's PPO loss ("vanilla") always applies the dual clip with clip_ratio_c 3.0,
   so GRPO / DAPO / Dr.GRPO runs on verl have it; verl's GSPO loss has no dual clip (None).
