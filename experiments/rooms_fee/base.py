@@ -24,7 +24,7 @@ the others), the share of hinted turns on which the model takes the hint, AG on 
 0.35 at 500 steps, 0.36 at 1,000, 0.50 at 1,500, 0.92 at 2,000 (success 0.95 with hints on
 every step, 0.09 on the first 3 only, 0.02 without; valid actions 0.87). The earlier defaults
 (hint 0.3, follow 0.9, 300-600 steps) never got there. 2,000 steps took 44 min on one core of
-this shared 2-core machine (at load ~3). That base was trained before the step-wise prompt's
+a shared 2-core machine (at load ~3). That base was trained before the step-wise prompt's
 labels joined the rooms vocabulary (they were the unknown id): a base for the current
 vocabulary is trained afresh.
 """

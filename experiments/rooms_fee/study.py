@@ -19,7 +19,7 @@ with `python experiments/rooms_fee/base.py $ROOMS_STUDY_DIR/base`) and the runs.
 import os
 
 ROOT = os.environ.get("ROOMS_STUDY_DIR", "runs/studies/fee_rooms")
-# Sized to this shared 2-core machine. Run (1): ROOMS_STUDY_STEPS=3, trajectory rows. Run (2): step-wise
+# Sized to a shared 2-core machine. Run (1): ROOMS_STUDY_STEPS=3, trajectory rows. Run (2): step-wise
 # rows (configs/rooms.py), a base that did not yet follow hints, 6 steps. Run (3): the base of
 # experiments/rooms_fee/base.py's defaults (it takes a shown hint 92% of the time), 12 steps, rl.lr 1e-2.
 # Run (4): a base on the fixed vocabulary, rl.lr 1e-3, 20 steps a run (AG early on steps 1-10, OE
