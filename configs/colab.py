@@ -2,7 +2,7 @@
 (rank 16 on every projection, the base frozen in bf16), 4 tasks x 4 rollouts of up to 8 turns,
 3,072-token trajectories, and a switch at step 10 of 20 so both the AG phase (steps 1-10) and
 the OE phase (11-20) run within about an hour (time per step unmeasured on a TPU: see the
-README's "Colab TPU"). Thinking is off (Qwen3's non-thinking mode): the action format still
+docs/colab.md). Thinking is off (Qwen3's non-thinking mode): the action format still
 asks for a short <think> before each action, which 384 new tokens hold; Qwen3's own
 thinking mode reasons for thousands of tokens a turn, past what fits a 16 GB chip's cache.
 

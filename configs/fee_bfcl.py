@@ -1,7 +1,7 @@
 """FEE on BFCL v3 multi-turn as the reference run trains it: EnvAsScaffold's
 `scripts/train.sh bfcl <algorithm> enriched` (see fee_sciworld.py for what both share).
 
-Provenance (EnvAsScaffold `scripts/train.sh`; REFERENCE.md section 1):
+Provenance (EnvAsScaffold `scripts/train.sh`):
 - `MAX_STEPS=50` -> `env.max_steps`: the rollout horizon and validation's (ours in fee.py: 15
   and 30); within it at most 20 tool steps per user turn (inside the env, as BFCL);
 - `VAL_SIZE=400`: the validation split (ids 100-199 of each of the 4 categories, the

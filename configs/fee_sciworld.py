@@ -2,9 +2,9 @@
 sciworld <algorithm> enriched` (one benchmark per run; `fee.py` training both jointly is ours).
 
 Provenance (EnvAsScaffold `scripts/train.sh`, `verl/trainer/config/ppo_trainer.yaml`,
-`agent_system/environments/env_manager.py`; REFERENCE.md section 1):
+`agent_system/environments/env_manager.py`):
 - `MAX_STEPS=15` -> `env.max_steps`: the rollout horizon, and validation runs with it too
-  (REFERENCE.md, read again 2026-12-02), so eval.max_turns = 15 (ours in fee.py: 30);
+  (the reference's validation settings), so eval.max_turns = 15 (ours in fee.py: 30);
 - `VAL_SIZE=128`, greedy validation (`val_kwargs.do_sample: False`), `test_freq=5`;
 - `make_envs` defaults ScienceWorld's simplifications to "easy";
 - `ppo_mini_batch_size=$((TRAIN_SIZE * GROUP_SIZE))` = 128 with `actor_rollout_ref.rollout.n`

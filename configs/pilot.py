@@ -1,12 +1,19 @@
 """The FEE pilot grid on ScienceWorld (Qwen3-4B-Thinking-2507 in the paper, GRPO, 200 steps,
-16 environments per step, rollout length 15, lr 1e-6, eval every 5 steps). `pilot_<name>.py`
-files pick a schedule; this file alone runs the paper's winner, AG-early & OE-late."""
+16 environments per step, rollout length 15, lr 1e-6, eval every 5 steps). Without a variant
+this file runs the paper's winner, AG-early & OE-late; a variant picks one cell of the grid,
+one feedback type at one timing through all of training:
+
+  python launch/tpu_train.py --config pilot.py:ag_early   # or ag_late, oe_early, oe_late
+"""
 
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 import fee  # noqa: E402
+
+# The grid's cells, each a `feedback.schedule` (see feedback/schedule.py).
+VARIANTS = ("ag_early", "ag_late", "oe_early", "oe_late")
 
 
 def make(schedule: str):
@@ -18,5 +25,5 @@ def make(schedule: str):
     return c
 
 
-def get_config():
-    return make("ag_early_oe_late")
+def get_config(variant: str | None = None):
+    return make(variant or "ag_early_oe_late")

@@ -1,7 +1,7 @@
 """The rooms testbed (jaxscaffold/envs/rooms.py) on CPU: a tiny model trained from scratch on
 the testbed's word-level vocabulary (model.vocabulary = "rooms": ~240 ids instead of Qwen3's
 151,936), FEE's default schedule (AG on episode steps 0-2 until `feedback.switch_step`, OE on
-steps 5-9 after it). The FEE study (configs/studies/fee_rooms.py) runs its arms from this file."""
+steps 5-9 after it). The FEE study (experiments/rooms_fee/study.py) runs its arms from this file."""
 
 import os
 import sys
@@ -21,7 +21,7 @@ def get_config():
     c.model.remat_policy = "none"
     # 1e-3, not 1e-2: at 1e-2 Adam moved every weight by ~1e-2 a step and its moments kept moving
     # them after the gradient was 0, so the FEE study's AG arms lost their wins after the first
-    # informative groups (third run, fee_rooms_observed.md); a pilot at 1e-3 kept them.
+    # informative groups (third run, experiments/rooms_fee/observed.md); a pilot at 1e-3 kept them.
     c.rl.lr = 1e-3
     # Up to 448 rows x 512 tokens a step: in one pass the train step held 11-14 GB here (every
     # attention matrix at once), so two study processes ran the 23 GB machine out of memory.
@@ -34,7 +34,7 @@ def get_config():
     # current observation alone (history_window 0: the observation shows the whole state the
     # agent needs, so the policy is memoryless). A row is <= ~350 tokens where a trajectory of 14
     # turns reached ~1,900 (past the cache, so every episode was truncated) and made the train
-    # step quadratic in it; the base (launch/rooms_base.py) is fitted to these same rows.
+    # step quadratic in it; the base (experiments/rooms_fee/base.py) is fitted to these same rows.
     c.rollout.representation = "stepwise"
     c.rollout.history_window = 0
     c.rollout.max_len = 512

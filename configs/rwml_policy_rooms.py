@@ -1,7 +1,7 @@
 """RWML stage 2 on the rooms testbed: GRPO on task success (configs/rooms.py's shapes, no
 feedback: RWML's policy stage is the standard env) from stage 1's export, on the same
 `rooms_wm` words. With `model.hf_path` at the rooms base instead, it is the "policy RL alone"
-arm of configs/studies/rwml_rooms.py."""
+arm of experiments/rooms_rwml/study.py."""
 
 import os
 import sys

@@ -3,8 +3,8 @@ the `rooms_wm` words (the rooms vocabulary plus RWML's prompt and answer tags) l
 predict the house's next state; then `rwml_policy_rooms.py` (policy RL from this run's export,
 out_dir/hf). `rwml.objective=sft` is the WM-SFT baseline on the same triples.
 
-Starts from the rooms base (launch/rooms_base.py) moved to `rooms_wm` and warmed up on the
-answer format by launch/rooms_wm_base.py (the identity world model: see there why):
+Starts from the rooms base (experiments/rooms_fee/base.py) moved to `rooms_wm` and warmed up on the
+answer format by experiments/rooms_rwml/base.py (the identity world model: see there why):
 `model.hf_path`. Triples come from the testbed's explorer (each
 step the planner's next action with p = 0.5, else a random valid one), as ALFWorld's tiny
 collection does: the base writes actions, not plans, so its own rollouts would mostly stay
@@ -13,14 +13,14 @@ in the first room.
 The reward is `lines` (worldmodel/line_reward.py), tau_d 0.01: every line of the predicted
 state must be the real one's (in any order). A rooms state is a fixed template, so exactness
 is possible, and the embedding rewards cannot tell rooms states apart. Measured by
-`launch/rwml_calibrate.py --env rooms --tasks 12 --steps 10` (MiniLM, 117 transitions of the
+`experiments/calibration/calibrate.py --env rooms --tasks 12 --steps 10` (MiniLM, 117 transitions of the
 train split): against the outcome of every *other* valid action from the same state (324
 pairs; `look`'s 104 are the unchanged state), `embedding` at tau_d 0.14 passes 0.98-1.00
 (1 - cos median 0.03-0.06, p95 <= 0.11), `embedding_facts` 0.16-0.50, `lines` 0.00; the true
 state with its lines reordered passes all three (1.00).
 
-    python launch/rooms_base.py runs/rwml_rooms/base_rooms
-    python launch/rooms_wm_base.py runs/rwml_rooms/base_rooms runs/rwml_rooms/base
+    python experiments/rooms_fee/base.py runs/rwml_rooms/base_rooms
+    python experiments/rooms_rwml/base.py runs/rwml_rooms/base_rooms runs/rwml_rooms/base
     python launch/tpu_train.py --config rwml_rooms.py
     python launch/tpu_train.py --config rwml_policy_rooms.py
 """

@@ -4,7 +4,7 @@ Reward. The paper used Qwen3-Embedding-8B with the distance alone, tau_d 0.4 (RL
 (filter): the reference setting, `--config.rwml.embedder=qwen3 --config.rwml.embedder_path=DIR
 --config.rwml.reward=embedding --config.rwml.tau_d=0.4 --config.rwml.filter.tau_d=0.15`.
 The default is the offline MiniLM, calibrated on tau2 *training* tasks without a user model
-(`python launch/rwml_calibrate.py --env tau2 --tasks 60 --steps 20 --json`: the explorer's
+(`python experiments/calibration/calibrate.py --env tau2 --tasks 60 --steps 20 --json`: the explorer's
 gold calls and probe calls, telecom solo; 590 triples): tau_d 0.38 (the best balanced
 accuracy), filter 0.35 (0.9 of the true states within it). MiniLM cannot tell tau2's JSON
 states apart: one changed value, id or status moves the distance by 0.001 (median) and every

@@ -63,7 +63,7 @@ class RL:
     micro_batches: int
     kl_coef: float
     entropy_coef: float
-    # The reference run's update (issue 20): mini-batches of rows, old log-probs, TIS, DAPO.
+    # The reference run's update: mini-batches of rows, old log-probs, TIS, DAPO.
     minibatch_rows: int
     recompute_old_logprobs: bool
     tis_cap: float
@@ -660,10 +660,19 @@ def _check_env_kwargs(text: str) -> None:
 # ----------------------------------------------------------------------------- files
 
 
+def split_variant(value: str) -> tuple[str, str | None]:
+    """("pilot.py", "ag_early") of "pilot.py:ag_early" (ml_collections' config string), and
+    (value, None) without a variant."""
+    path, sep, variant = value.rpartition(":")
+    return (path, variant) if sep and path and variant.isidentifier() else (value, None)
+
+
 def load_file(path: str) -> ConfigDict:
-    """The ConfigDict of a config file's `get_config()` (a ConfigError if it has none)."""
+    """The ConfigDict of a config file's `get_config()`, or of `get_config(variant)` for
+    "file.py:variant" (a ConfigError if it has none, or no such variant)."""
     import importlib.util
     import os
+    path, variant = split_variant(path)
     name = os.path.splitext(os.path.basename(path))[0]
     spec = importlib.util.spec_from_file_location(f"jaxscaffold_config_{name}", path)
     if spec is None or spec.loader is None:
@@ -672,7 +681,15 @@ def load_file(path: str) -> ConfigDict:
     spec.loader.exec_module(module)
     if not hasattr(module, "get_config"):
         raise ConfigError(f"{path} defines no get_config()")
-    cd = module.get_config()
+    if variant is None:
+        cd = module.get_config()
+    else:
+        variants = list(getattr(module, "VARIANTS", ()))
+        if variant not in variants:
+            close = difflib.get_close_matches(variant, variants, n=1)
+            raise ConfigError(f"{path} has no variant {variant!r} (variants: {', '.join(variants) or 'none'})"
+                              + (f"; did you mean {close[0]}?" if close else ""))
+        cd = module.get_config(variant)
     if not isinstance(cd, ConfigDict):
         raise ConfigError(f"{path}: get_config() returned a {type(cd).__name__}, not a ConfigDict")
     return cd
@@ -682,11 +699,13 @@ def load_file(path: str) -> ConfigDict:
 
 
 def config_path(value: str, configs_dir: str) -> str:
-    """A config file: a path, or a file of `configs_dir` by name (".py" optional)."""
+    """A config file: a path, or a file of `configs_dir` by name (".py" optional); a
+    ":variant" suffix is kept for `load_file`."""
     import os
+    value, variant = split_variant(value)
     for path in (value, os.path.join(configs_dir, value), os.path.join(configs_dir, value + ".py")):
         if os.path.isfile(path):
-            return path
+            return path if variant is None else f"{path}:{variant}"
     names = sorted(f for f in os.listdir(configs_dir) if f.endswith(".py")) if os.path.isdir(configs_dir) else []
     raise ConfigError(f"no config {value!r} (not a file, not in configs/: {', '.join(names)})")
 

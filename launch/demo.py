@@ -1,5 +1,5 @@
-"""The embedded default, until the training loop lands: a tiny random Qwen3 on the real Qwen3
-vocabulary goes through everything the library has so far.
+"""A quick tour without training: a tiny random Qwen3 on the real Qwen3
+vocabulary goes through the model, HF export and the sampler.
 
   init (sharded over all devices) -> export to an HF directory (with the offline tokenizer)
   -> load it back, streaming -> render a chat to ids -> sample a multi-turn rollout with the

@@ -1,11 +1,11 @@
 """Runs a study, arms x seeds, and reports it: `python launch/study.py --study NAME_OR_PATH`.
 
-  python launch/study.py --study fee_rooms                # configs/studies/fee_rooms.py
-  python launch/study.py --study fee_rooms --base-only    # build the base model only (before shards)
-  python launch/study.py --study fee_rooms --shard 1/4    # this process's quarter of the runs
-  python launch/study.py --study fee_rooms --report       # only summarise the finished runs
-  python launch/study.py --study fee_rooms --from-json docs/studies/fee_rooms_run5.json \\
-      --scores-at docs/studies/fee_rooms_run5_scores.json --markdown OUT.md   # re-report a committed study
+  python launch/study.py --study rooms_fee                # experiments/rooms_fee/study.py
+  python launch/study.py --study rooms_fee --base-only    # build the base model only (before shards)
+  python launch/study.py --study rooms_fee --shard 1/4    # this process's quarter of the runs
+  python launch/study.py --study rooms_fee --report       # only summarise the finished runs
+  python launch/study.py --study rooms_fee --from-json docs/studies/rooms_fee_run5.json \\
+      --scores-at docs/studies/rooms_fee_run5_scores.json --markdown OUT.md   # re-report a committed study
 
 A study that names its base model (`base` in the study file) builds it by its seeded commands
 when it is missing, and says so (`--no-build-base`: a one-line error instead). Finished runs
@@ -32,11 +32,13 @@ from jaxscaffold.studies import report, runner  # noqa: E402
 
 
 def study_path(value: str) -> str:
-    for path in (value, os.path.join(ROOT, "configs", "studies", value),
-                 os.path.join(ROOT, "configs", "studies", value + ".py")):
+    """A study file: a path, or an experiment's name (experiments/NAME/study.py)."""
+    for path in (value, os.path.join(ROOT, "experiments", value, "study.py")):
         if os.path.isfile(path):
             return path
-    raise runner.StudyError(f"no study {value!r} (not a file, not in configs/studies/)")
+    names = sorted(d for d in os.listdir(os.path.join(ROOT, "experiments"))
+                   if os.path.isfile(os.path.join(ROOT, "experiments", d, "study.py")))
+    raise runner.StudyError(f"no study {value!r} (not a file, not one of experiments/: {', '.join(names)})")
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -57,7 +59,7 @@ def read_json(path: str) -> dict:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--study", required=True, help="a study file, or a name in configs/studies/")
+    p.add_argument("--study", required=True, help="a study file, or an experiment in experiments/ (NAME/study.py)")
     p.add_argument("--shard", default="0/1", help="i/n: run every n-th run starting at i")
     p.add_argument("--report", action="store_true", help="summarise the finished runs only")
     p.add_argument("--json", action="store_true", help="print study.json's content")

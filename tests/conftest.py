@@ -68,7 +68,7 @@ def pytest_collection_modifyitems(items):
 # different one each time, never in a process of its own): every compiled CPU program keeps ~6
 # memory mappings of its code while jax caches it, a worker compiles thousands, and at
 # vm.max_map_count (65,530 by default) the next mmap fails. The core dump of such a crash
-# (2026-12-03) had 65,417 mappings. So between tests, a worker past half the limit drops jax's
+# had 65,417 mappings. So between tests, a worker past half the limit drops jax's
 # caches, which unmaps them (300 programs: 441 -> 2,321 -> 510 mappings); the next test only
 # recompiles what it uses.
 _MAX_MAPPINGS = 30_000

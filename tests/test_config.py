@@ -17,6 +17,7 @@ from jaxscaffold.rl import presets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
+CONFIGS += [os.path.join(ROOT, "configs", f"pilot.py:{v}") for v in ("ag_early", "ag_late", "oe_early", "oe_late")]
 
 
 def base():
@@ -204,7 +205,7 @@ def test_the_launcher_help_lists_every_field_with_its_value_and_comment():
     assert "  --config.steps=3  # training steps" in out.stdout
 
 
-# The reference run's update fields (issue 20): enum, ranges and the fields they depend on.
+# The reference run's update fields: enum, ranges and the fields they depend on.
 @pytest.mark.parametrize("overrides, match", [
     (["rl.dynamic_sampling_exhausted=stop"], r"rl.dynamic_sampling_exhausted='stop' is not one of: continue, raise"),
     (["rl.minibatch_rows=-1"], r"rl.minibatch_rows=-1 must be >= 0"),

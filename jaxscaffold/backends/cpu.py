@@ -29,8 +29,7 @@ from jaxscaffold.models.config import Qwen3Config
 # (f32: 14 ms either way); in interleaved runs, a bf16 decode step of the ~100M benchmark model
 # 27.0 against 36.4 ms (f32: 25.0 against 25.7 ms). A bf16 train step of that model ran at the
 # same speed with and without (10.4 s), so train steps keep XLA's defaults. CPUs with bf16 dot
-# instructions keep YNNPACK's individual dots (their bf16 kernel is the fast one,
-# shared/REFERENCE.md §8).
+# instructions keep YNNPACK's individual dots (their bf16 kernel is the fast one).
 # By default YNNPACK also takes the larger reductions (from about 4096 elements) and sums a row
 # in an order that depends on the whole array's shape: a row's softmax then rounds differently
 # in a batch of 8 than of 4, and at T = 1 over a nearly flat vocabulary a last-bit difference

@@ -1,9 +1,8 @@
 """Named algorithm settings (GRPO, DAPO, GSPO, Dr.GRPO) as the FEE reference code runs them
 (except DAPO's overlong shaping: the DAPO paper's, which runs only with `rl.overlong_buffer`).
 
-Values follow the FEE reference code (EnvAsScaffold on verl): see REFERENCE.md section 1
-("Batch ...") and section 3. Where the reference fixes no value, or the preset is not the
-reference's, with the source:
+Values follow the FEE reference code (EnvAsScaffold on verl): its batch settings
+and loss. Where the reference fixes no value, or the preset is not the reference's, with the source:
 
 - clip_c = 3: verl's PPO loss ("vanilla") always applies the dual clip with clip_ratio_c 3.0,
   so GRPO / DAPO / Dr.GRPO runs on verl have it; verl's GSPO loss has no dual clip (None).

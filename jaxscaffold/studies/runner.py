@@ -11,7 +11,7 @@ A study file is Python with `get_study()` returning a dict:
      "primary": "final",               # the primary metric (see METRICS)
      "contrasts": [{"a": "fee", "b": "standard", "metric": "final", "hypothesis": "fee > standard"},
                    {"a": "fee", "b": "standard", "metric": "score", "step": 10, "exploratory": True}],
-     "base": {"path": "runs/base", "commands": [["launch/rooms_base.py", "runs/base", "--seed", "0"]],
+     "base": {"path": "runs/base", "commands": [["experiments/rooms_fee/base.py", "runs/base", "--seed", "0"]],
               "recipe": "what the commands do, in words"}}
 
 Contrasts (any arm against any arm, on a metric of METRICS, "score" at a given step) and the

@@ -4,7 +4,7 @@
 them as prompts and parses the model's `<next_state>` answer; `reward` scores a prediction
 by the embedding distance to the real next state (or an LLM judge), reading long states
 whole: `chunking` cuts a text past the embedder's token limit (`embedders`) into chunks it
-reads entirely; `difficulty` keeps the informative triples; `calibration` picks tau_d for an
-embedder. (How far training moved the weights, RWML vs SFT: `jaxscaffold.models.weight_change`.)
+reads entirely; `difficulty` keeps the informative triples. (tau_d per embedder and how far
+training moved the weights: experiments/calibration/ and experiments/weight_change/.)
 `jaxscaffold.train.workloads.world_model` wires them into training.
 """

@@ -2,7 +2,7 @@
 block per call of the step), holding JSON (retail and airline records, lists of flights) or
 text (telecom's phone: "Airplane Mode is now OFF.\\nStatus Bar: ...", "Error: ...").
 
-The calibration's near misses, paraphrases and action-echo template, and the facts of the
+The calibration's (experiments/calibration) near misses, paraphrases and echo template, the facts of the
 `embedding_facts` reward, read such a state block by block through these helpers; a bare JSON
 text (no wrapper) counts as one block.
 """

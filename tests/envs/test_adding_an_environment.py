@@ -1,4 +1,4 @@
-"""README "Adding an environment", run as written: its files in a fresh directory, its
+"""docs/environments.md's "Adding an environment", run as written: its files in a fresh directory, its
 commands through the launcher (shortened to a couple of steps), and the JSONL env against
 rewards computed by hand."""
 
@@ -22,8 +22,8 @@ QUICK = ["--config.steps=2", "--config.eval.every=2", "--config.eval.tasks=2", "
 
 
 def readme_section():
-    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    return text.split("### Adding an environment", 1)[1].split("\n## ", 1)[0]
+    text = open(os.path.join(ROOT, "docs", "environments.md"), encoding="utf-8").read()
+    return text.split("## Adding an environment", 1)[1].split("\n## ", 1)[0]
 
 
 def files_and_commands(section: str):
@@ -37,7 +37,7 @@ def workdir(tmp_path):
     files, _ = files_and_commands(readme_section())
     for name, body in files.items():
         (tmp_path / name).write_text(body)
-    for name in ("launch", "configs"):  # the checkout's root, where the README's commands run
+    for name in ("launch", "configs"):  # the checkout's root, where the page's commands run
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
     return tmp_path
 
@@ -54,6 +54,8 @@ def test_the_readme_section_has_its_files_and_commands():
     files, commands = files_and_commands(readme_section())
     assert set(files) == {"my_tasks.jsonl", "myrewards.py", "countdown.py", "countdown_config.py"}
     assert len(commands) == 2 and all("launch/tpu_train.py" in c for c in commands)
+    # each example trains in an out_dir of its own, so it runs after the demo (runs/tiny)
+    assert "--config.out_dir=runs/my_tasks" in commands[0] and 'c.out_dir = "runs/countdown"' in files["countdown_config.py"]
 
 
 @pytest.mark.slow

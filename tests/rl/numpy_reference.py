@@ -1,4 +1,4 @@
-"""Plain-loop float64 NumPy reference of REFERENCE.md section 3, written from the formulas.
+"""Plain-loop float64 NumPy reference of the policy losses and advantages, written from the formulas.
 
 Nothing here shares code or vectorised tricks with jaxscaffold.rl: every quantity is a loop
 over rows and tokens, and gradients w.r.t. logp are derived by hand:

@@ -37,7 +37,7 @@ def test_contrast_declarations_are_checked(tmp_path):
     with pytest.raises(runner.StudyError, match="primary"):
         _study(tmp_path, primary="best")
     with pytest.raises(runner.StudyError, match="commands"):
-        _study(tmp_path, base={"path": "x", "commands": "launch/rooms_base.py x"})
+        _study(tmp_path, base={"path": "x", "commands": "experiments/rooms_fee/base.py x"})
 
 
 def test_contrast_table_holm_family_and_curves(tmp_path):
@@ -65,7 +65,7 @@ def test_the_fifth_fee_rooms_run_re_reported():
     """The committed study.json with the study file's contrasts: FEE's step-20 gain is
     (0, 2, 2, 4, 1) successes of 64, sign-flip p = 4/32; fee - ag_only -0.0125; Holm over the
     declared family leaves nothing below 0.05 (5 seeds cannot: p >= 0.0625)."""
-    study = runner.load_study(os.path.join(ROOT, "configs", "studies", "fee_rooms.py"))
+    study = runner.load_study(os.path.join(ROOT, "experiments", "rooms_fee", "study.py"))
     with open(os.path.join(DOCS, "fee_rooms_run5.json")) as f:
         committed = json.load(f)
     with open(os.path.join(DOCS, "fee_rooms_run5_scores.json")) as f:
@@ -95,7 +95,7 @@ def _base_study(tmp_path, command):
 
 
 def test_a_missing_base_is_an_error_or_built(tmp_path):
-    maker = tmp_path / "make_base.py"  # stands in for launch/rooms_base.py: writes the HF dir's config.json
+    maker = tmp_path / "make_base.py"  # stands in for experiments/rooms_fee/base.py: writes the HF dir's config.json
     maker.write_text("import os, sys\nos.makedirs(sys.argv[1], exist_ok=True)\n"
                      "open(os.path.join(sys.argv[1], 'config.json'), 'w').write('{}')\n")
     study_file = _base_study(tmp_path, [str(maker), str(tmp_path / "base")])
@@ -120,8 +120,8 @@ def test_a_failing_base_command_is_one_line(tmp_path):
 
 
 def test_the_rooms_studies_name_their_bases_seeded_recipe():
-    for name, script in (("fee_rooms", "launch/rooms_base.py"), ("rwml_rooms", "launch/rooms_wm_base.py")):
-        study = runner.load_study(os.path.join(ROOT, "configs", "studies", f"{name}.py"))
+    for name, script in (("rooms_fee", "experiments/rooms_fee/base.py"), ("rooms_rwml", "experiments/rooms_rwml/base.py")):
+        study = runner.load_study(os.path.join(ROOT, "experiments", name, "study.py"))
         commands = study.base["commands"]
         assert commands[-1][0] == script and all("--seed" in c for c in commands) and "seed" in study.base["recipe"]
         for command in commands:  # every flag the recipe passes is one its script takes
@@ -134,7 +134,7 @@ def test_the_rooms_studies_name_their_bases_seeded_recipe():
 def test_the_confirmatory_replication_runs_what_it_registers():
     """fee_rooms_confirm.py: >= 10 seeds none of the committed studies used; the four arms;
     evaluation every 2 steps on all 64 test layouts; H1-H4 the only confirmatory contrasts."""
-    study = runner.load_study(os.path.join(ROOT, "configs", "studies", "fee_rooms_confirm.py"))
+    study = runner.load_study(os.path.join(ROOT, "experiments", "rooms_fee", "confirm.py"))
     used = set()
     for name in os.listdir(DOCS):
         if name.endswith(".json"):

@@ -81,7 +81,7 @@ def test_bad_stages_are_found_before_any_run(tmp_path):
 
 
 def test_the_rooms_study_file_loads_and_every_stage_checks():
-    study = runner.load_study(os.path.join(CONFIGS, "studies", "rwml_rooms.py"))
+    study = runner.load_study(os.path.join(ROOT, "experiments", "rooms_rwml", "study.py"))
     assert set(study.arms) == {"policy_rl", "rwml", "wm_sft"} and len(study.seeds) >= 5
     assert set(study.then) == {"rwml", "wm_sft"} and study.baseline == "policy_rl"
     stages = {arm: runner.stage_configs(study, arm, 0, CONFIGS) for arm in study.arms}

@@ -133,3 +133,38 @@ def test_the_colab_config_fits_one_16gb_chip():
     verdict = json.loads(out.stdout.strip().splitlines()[-1])
     assert out.returncode == 0 and verdict["fits"], (verdict, out.stderr[-2000:])
     assert verdict["peak"] < 16e9 and verdict["devices"] == 1
+
+
+def test_the_install_cell_installs_only_what_the_config_needs(tmp_path, monkeypatch):
+    """The install cell's command list, run as written through launch/install_packages.sh with a
+    pip that records its arguments: for colab.py, Java and the package on the TPU build of jax
+    with ScienceWorld at pyproject's pin, no other benchmark package; for another config every
+    benchmark package, as launch/dev.sh installs them."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    pyproject = tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))
+    [sciworld_pin] = [p.split()[0] for p in pyproject["project"]["optional-dependencies"]["envs"]
+                      if p.startswith("scienceworld")]
+    fake_pip = tmp_path / "pip"
+    fake_pip.write_text('#!/bin/sh\necho "$@" >> "$PIP_LOG"\n')
+    fake_pip.chmod(0o755)
+    cell = next(c for c in code_cells() if c.startswith("# Install"))
+    monkeypatch.chdir(tmp_path)
+    for config in ("colab.py", "fee.py"):
+        runner = Runner(dict(os.environ), [], monkeypatch)
+        runner.ns.update(os=os, IN_COLAB=False, REPO_DIR=ROOT, REPO_URL="", BRANCH="main", CONFIG=config)  # (os: cell 2)
+        runner.run(cell)
+        java, install = runner.ns["INSTALL"]
+        assert "openjdk-17" in java and install.startswith("bash launch/install_packages.sh pip ")
+        log = tmp_path / f"{config}.log"
+        out = subprocess.run(install.replace(" pip ", f" {fake_pip} ", 1), shell=True, cwd=ROOT, capture_output=True,
+                             text=True, env={**os.environ, "PIP_LOG": str(log)}, timeout=60)
+        assert out.returncode == 0, out.stderr
+        calls = log.read_text().splitlines()
+        if config == "colab.py":
+            assert calls == [f"install -q -e .[tpu] {sciworld_pin}"]
+        else:
+            assert calls[0] == "install -q -e .[tpu,envs]"
+            assert any("bfcl-eval" in c for c in calls) and any("alfworld" in c for c in calls)
+    bad = subprocess.run(["bash", os.path.join(ROOT, "launch", "install_packages.sh"), str(fake_pip), "tpu", "bfcl"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "all or sciworld" in bad.stderr

@@ -14,14 +14,17 @@ from jaxscaffold.rl import presets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
+# A file's named variants (`--config pilot.py:ag_early`) are configs too.
+CONFIGS += [os.path.join(ROOT, "configs", f"pilot.py:{v}") for v in ("ag_early", "ag_late", "oe_early", "oe_late")]
 
 
 def load(path):
     import importlib.util
+    path, _, variant = path.partition(":")
     spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.get_config()
+    return module.get_config(variant) if variant else module.get_config()
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=os.path.basename)
@@ -59,3 +62,18 @@ def test_launcher_errors_are_clear():
     assert out.returncode != 0 and "no config 'nonexistent.py'" in out.stderr
     out = _launch("--config", "tiny.py", "--config.rl.no_such_field=1")
     assert out.returncode != 0 and "no_such_field" in out.stderr
+
+
+def test_a_named_variant_of_a_config_file():
+    """`--config pilot.py:ag_early` is pilot.py's get_config("ag_early") (ml_collections' config
+    string); the file alone is its default; an unknown variant is one line, exit 2."""
+    from jaxscaffold import config as config_lib
+    variant = config_lib.load_file(config_lib.config_path("pilot.py:ag_early", os.path.join(ROOT, "configs")))
+    default = config_lib.load_file(config_lib.config_path("pilot", os.path.join(ROOT, "configs")))
+    assert (variant.feedback.schedule, variant.out_dir) == ("ag_early", "runs/pilot_ag_early")
+    assert default.feedback.schedule == "ag_early_oe_late"
+    out = _launch("--config", "pilot.py:ag_erly")
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0
+    assert "no variant 'ag_erly'" in out.stderr and "did you mean ag_early" in out.stderr
+    out = _launch("--config", "tiny.py:small")
+    assert out.returncode == 2 and "no variant 'small'" in out.stderr

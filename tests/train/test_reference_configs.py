@@ -1,4 +1,4 @@
-"""The reference's runs as configs (issue 20): each validates, and its key values are the
+"""The reference's runs as configs: each validates, and its key values are the
 reference's, quoted below from EnvAsScaffold's `scripts/train.sh` (and the yaml it overrides)."""
 
 import json
@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 #   optim.lr=1e-6; entropy_coeff=0; use_kl_loss=False; total_training_steps=200; test_freq=5
 # ppo_trainer.yaml: ppo_epochs 1, weight_decay 0.01, grad_clip 1.0, env.history_length 2,
 #   rollout temperature 1.0, top_p 1, filter_groups.max_num_gen_batches 10
-# REFERENCE.md section 1: val_before_train=True; DAPO with no overlong shaping; step rows count in
+# The reference code: val_before_train=True; DAPO with no overlong shaping; step rows count in
 #   their group's statistics (verl-agent's default); validation with the training horizon; make_envs' ScienceWorld
 #   simplifications "easy"; old log-probs recomputed by the actor; ScienceWorld's "probability
 #   0.5" = the first half of the groups, BFCL's a per-group seeded coin; the inconsistent

@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from jaxscaffold.worldmodel import calibration, reward
+from experiments.calibration import calibration
+from jaxscaffold.worldmodel import reward
 from jaxscaffold.worldmodel.facts import same_facts, state_facts
 from jaxscaffold.worldmodel.triples import Triple
 

@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from jaxscaffold.worldmodel import calibration, chunking, reward
+from experiments.calibration import calibration
+from jaxscaffold.worldmodel import chunking, reward
 from jaxscaffold.worldmodel import triples as triples_lib
 
 pytest.importorskip("sentence_transformers")
@@ -210,7 +211,7 @@ def training_triples(alfworld_data):
 
 @pytest.mark.slow
 def test_the_facts_reward_meets_the_calibration_goal_on_training_games(embedder, training_triples):
-    """Issue 21's goal for the offline embedder on ALFWorld: action-echo reward <= 0.2 and
+    """The calibration goal for the offline embedder on ALFWorld: action-echo reward <= 0.2 and
     near-miss pass rate <= 0.1 with >= 0.9 of true next states passing (MiniLM's distance
     alone passes most near misses: measured on 40 games, 0.63 of them and an echo reward 0.57)."""
     assert len(training_triples) >= 30

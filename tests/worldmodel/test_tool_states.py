@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from jaxscaffold.worldmodel import calibration, tool_states
+from experiments.calibration import calibration
+from jaxscaffold.worldmodel import tool_states
 from jaxscaffold.worldmodel.facts import same_facts, state_facts
 
 

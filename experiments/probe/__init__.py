@@ -1,0 +1,1 @@
+"""The FEE paper's internalisation probe on BFCL file-system outputs."""

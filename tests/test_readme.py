@@ -1,0 +1,59 @@
+"""The README, as a user reads it: every file and link it names exists, it stays short, and its
+runnable block (`<!-- run -->`) runs as written from a fresh directory, each command in turn
+(training shortened to a couple of steps), in an out_dir of its own so that it runs after the
+demo (`runs/tiny`) and in any order."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+QUICK = ["--config.steps=2", "--config.eval.every=2", "--config.eval.tasks=2", "--config.rollout.tasks_per_step=2",
+         "--config.rollout.group_size=2", "--config.rollout.max_new_tokens=8"]
+
+
+def runnable_commands() -> list[str]:
+    blocks = re.findall(r"<!-- run -->\n```bash\n(.*?)```", README, re.S)
+    return [line for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def test_the_readme_is_short_and_names_what_exists():
+    assert len(README.splitlines()) <= 250
+    for path in set(re.findall(r"\]\(([^)#]+)\)", README)):  # markdown links
+        assert os.path.exists(os.path.join(ROOT, path)), path
+    for script in set(re.findall(r"(?:python|bash) ((?:launch|experiments)/[\w/]+\.(?:py|sh))", README)):
+        assert os.path.isfile(os.path.join(ROOT, script)), script
+    for config in set(re.findall(r"--config ([\w]+\.py)", README)):
+        assert os.path.isfile(os.path.join(ROOT, "configs", config)), config
+    assert not re.search(r"20\d\d-\d\d-\d\d|shared/|REFERENCE\.md", README)
+
+
+def test_the_runnable_block_trains_in_its_own_out_dir():
+    commands = runnable_commands()
+    assert commands and all(c.startswith("python launch/") for c in commands)
+    out_dirs = [re.search(r"--config\.out_dir=(\S+)", c) for c in commands if "tpu_train.py" in c]
+    assert out_dirs and all(m and m.group(1) != "runs/tiny" for m in out_dirs)  # not the demo's
+
+
+@pytest.mark.slow
+def test_the_runnable_block_runs_as_written(tmp_path):
+    for name in ("launch", "configs"):  # the checkout's root, where the README's commands run
+        os.symlink(os.path.join(ROOT, name), tmp_path / name)
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    env["XLA_FLAGS"] = os.environ.get("JAXSCAFFOLD_TEST_XLA_FLAGS", "")  # one device, the tests' compile flags
+    for command in runnable_commands():
+        argv = shlex.split(command)[1:] + (QUICK if "tpu_train.py" in command else [])
+        out = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=1200)
+        assert out.returncode == 0, f"{command}\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+    run = tmp_path / "runs" / "readme_tiny"
+    assert json.load(open(run / "results.json"))["step"] == 2 and (run / "curves.png").exists()
+    assert (tmp_path / "runs" / "readme_tiny_hf" / "config.json").exists()
