@@ -27,13 +27,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def build_server(args):
-    """The ChatServer of the parsed arguments (a checkpoint, or a preset's random weights)."""
-    from jaxscaffold.rollout.chat_server import ChatServer
-    options = dict(host=args.host, port=args.port, max_len=args.max_len, slots=args.slots,
-                   enable_thinking=args.thinking, max_tokens_cap=args.max_tokens_cap, max_queue=args.max_queue,
-                   max_sampling_settings=args.max_sampling_settings, max_body_bytes=args.max_body_bytes,
-                   request_timeout_s=args.request_timeout, idle_timeout_s=args.idle_timeout, backlog=args.backlog,
-                   api_key=args.api_key)
+    """The ChatServer of the parsed arguments (a checkpoint, or a preset's random weights);
+    its limits are checked before the model loads."""
+    from jaxscaffold.rollout.chat_server import ChatServer, check_limits
+    limits = dict(max_len=args.max_len, slots=args.slots, batch_window_s=0.01, max_tokens_cap=args.max_tokens_cap,
+                  max_queue=args.max_queue, max_sampling_settings=args.max_sampling_settings, max_samplers=4,
+                  max_body_bytes=args.max_body_bytes, request_timeout_s=args.request_timeout,
+                  idle_timeout_s=args.idle_timeout, backlog=args.backlog)
+    check_limits(**limits)
+    options = dict(host=args.host, port=args.port, enable_thinking=args.thinking, api_key=args.api_key, **limits)
     if args.hf:
         return ChatServer.from_pretrained(args.hf, compute_dtype=args.dtype, model_name=args.hf, **options)
     return ChatServer.from_preset(args.preset, seed=args.seed, compute_dtype=args.dtype, **options)

@@ -139,6 +139,27 @@ class _HTTPServer(ThreadingHTTPServer):
             log.exception("chat server: error on a connection from %s", client_address[0])
 
 
+def check_limits(*, max_len, slots, batch_window_s, max_tokens_cap, max_queue, max_sampling_settings,
+                 max_samplers, max_body_bytes, request_timeout_s, idle_timeout_s, backlog) -> int:
+    """The max_tokens cap of a server's limits (None: min(4096, max_len - 1)); ValueError
+    naming the first bad limit (a launcher checks them before it loads a model)."""
+    if max_tokens_cap is None and isinstance(max_len, int):
+        max_tokens_cap = min(4096, max_len - 1)
+    for name, value, low in (("max_len", max_len, 2), ("slots", slots, 1), ("max_queue", max_queue, 1),
+                             ("max_samplers", max_samplers, 1), ("max_sampling_settings", max_sampling_settings, 1),
+                             ("max_body_bytes", max_body_bytes, 1), ("backlog", backlog, 1),
+                             ("max_tokens_cap", max_tokens_cap, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    if max_tokens_cap >= max_len:
+        raise ValueError(f"max_tokens_cap={max_tokens_cap} must be below max_len={max_len}")
+    for name, value, low in (("request_timeout_s", request_timeout_s, 1e-3), ("idle_timeout_s", idle_timeout_s, 1e-3),
+                             ("batch_window_s", batch_window_s, 0.0)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= low):
+            raise ValueError(f"{name} must be a finite number >= {low:g}, got {value!r}")
+    return max_tokens_cap
+
+
 class ChatServer:
     """Serves `params` of `config` with Qwen3's chat format; `max_len` bounds prompt + reply;
     `slots` requests are generated together at most; a batch waits `batch_window_s` for
@@ -160,19 +181,11 @@ class ChatServer:
                  max_queue: int = 64, max_sampling_settings: int = 8, max_samplers: int = 4,
                  max_body_bytes: int = 4 << 20, request_timeout_s: float = 30.0, idle_timeout_s: float = 60.0,
                  backlog: int = 128, api_key: str | None = None):
-        max_tokens_cap = min(4096, max_len - 1) if max_tokens_cap is None else max_tokens_cap
-        for name, value, low in (("slots", slots, 1), ("max_queue", max_queue, 1), ("max_samplers", max_samplers, 1),
-                                 ("max_sampling_settings", max_sampling_settings, 1),
-                                 ("max_body_bytes", max_body_bytes, 1), ("backlog", backlog, 1),
-                                 ("max_tokens_cap", max_tokens_cap, 1)):
-            if not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        if max_tokens_cap >= max_len:
-            raise ValueError(f"max_tokens_cap={max_tokens_cap} must be below max_len={max_len}")
-        for name, value, low in (("request_timeout_s", request_timeout_s, 1e-3), ("idle_timeout_s", idle_timeout_s, 1e-3),
-                                 ("batch_window_s", batch_window_s, 0.0)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= low):
-                raise ValueError(f"{name} must be a finite number >= {low:g}, got {value!r}")
+        max_tokens_cap = check_limits(
+            max_len=max_len, slots=slots, batch_window_s=batch_window_s, max_tokens_cap=max_tokens_cap,
+            max_queue=max_queue, max_sampling_settings=max_sampling_settings, max_samplers=max_samplers,
+            max_body_bytes=max_body_bytes, request_timeout_s=request_timeout_s, idle_timeout_s=idle_timeout_s,
+            backlog=backlog)
         self.config, self.params, self.tokenizer = config, params, tokenizer
         self.chat = Qwen3ChatRenderer(tokenizer)
         self.max_len, self.enable_thinking, self.model_name = max_len, enable_thinking, model_name

@@ -19,7 +19,7 @@ import pytest
 from jaxscaffold.models import config as model_config, qwen3
 from jaxscaffold.models.chat import Qwen3ChatRenderer
 from jaxscaffold.models.tokenizer import QwenOfflineTokenizer
-from jaxscaffold.rollout.chat_server import ChatServer, is_loopback
+from jaxscaffold.rollout.chat_server import ChatServer, check_limits, is_loopback
 from jaxscaffold.rollout.engine import Sampler
 from jaxscaffold.rollout.sampling import GREEDY
 from jaxscaffold.rollout.conversation import MultiTurn
@@ -114,6 +114,7 @@ def test_models_route_and_streaming(server):
     assert chunks[-1]["choices"][0]["finish_reason"] == plain["choices"][0]["finish_reason"]
 
 
+@pytest.mark.slow  # two subprocesses that import JAX and compile: 25-40 s on a loaded machine
 def test_serve_chat_serves_a_random_tiny_model(tmp_path):
     """`launch/serve_chat.py --preset tiny`: the API without a checkpoint; a bad preset is one
     line; JAXSCAFFOLD_API_KEY in its environment is required of every request."""
@@ -121,6 +122,9 @@ def test_serve_chat_serves_a_random_tiny_model(tmp_path):
     script = os.path.join(root, "launch", "serve_chat.py")
     bad = subprocess.run([sys.executable, script, "--preset", "qwen9"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("error: unknown Qwen3 preset") and bad.stderr.count("\n") == 1
+    bad = subprocess.run([sys.executable, script, "--preset", "tiny", "--request-timeout", "nan"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: request_timeout_s") and bad.stderr.count("\n") == 1
     proc = subprocess.Popen([sys.executable, script, "--preset", "tiny", "--port", "0", "--dtype", "float32",
                              "--max-len", "128", "--slots", "2"], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "JAXSCAFFOLD_API_KEY": "test-key"})
@@ -189,6 +193,17 @@ def test_api_key_is_required_when_set(caplog):
         with urllib.request.urlopen(models, timeout=30) as r:
             assert json.loads(r.read())["data"][0]["id"] == s.model_name
     assert not caplog.records  # loopback: no warning
+
+
+def test_bad_limits_are_refused_by_name():
+    good = dict(max_len=128, slots=2, batch_window_s=0.01, max_tokens_cap=None, max_queue=4, max_sampling_settings=2,
+                max_samplers=1, max_body_bytes=1024, request_timeout_s=1.0, idle_timeout_s=1.0, backlog=128)
+    assert check_limits(**good) == 127 and check_limits(**{**good, "max_len": 10_000}) == 4096
+    for name, value in (("max_queue", 0), ("slots", 2.0), ("backlog", True), ("max_tokens_cap", 128),
+                        ("idle_timeout_s", float("nan")), ("request_timeout_s", 0), ("batch_window_s", float("inf")),
+                        ("max_len", 1)):
+        with pytest.raises(ValueError, match=name):
+            check_limits(**{**good, name: value})
 
 
 def test_non_loopback_addresses_are_recognised():
