@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     limits.add_argument("--max-queue", type=int, default=64, help="requests waiting or generating; more get 429")
     limits.add_argument("--max-sampling-settings", type=int, default=8,
                         help="distinct (temperature, top_p) grid points compiled, at most; a new one past it is a 400")
-    limits.add_argument("--max-body-bytes", type=int, default=4 << 20, help="a request body's size; more is a 413")
+    limits.add_argument("--max-body-bytes", type=int, default=1 << 20, help="a request body's size; more is a 413")
     limits.add_argument("--request-timeout", type=float, default=30.0,
                         help="seconds a request's headers and body may take to arrive")
     limits.add_argument("--idle-timeout", type=float, default=60.0,

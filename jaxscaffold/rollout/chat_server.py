@@ -165,8 +165,8 @@ class ChatServer:
     `slots` requests are generated together at most; a batch waits `batch_window_s` for
     requests to join it.
 
-    Limits (docs/serving.md): `max_tokens_cap` (a reply's tokens; default min(4096, max_len)),
-    `max_queue` (requests waiting or generating; more get 429), `max_sampling_settings`
+    Limits (docs/serving.md): `max_tokens_cap` (a reply's tokens; default min(4096, max_len - 1)),
+    `max_queue` (requests being checked, waiting or generating; more get 429), `max_sampling_settings`
     (distinct (temperature, top_p) grid points ever compiled; a new one past it is a 400),
     `max_samplers` (Sampler objects kept, LRU), `max_body_bytes` (a request body; 413 past it),
     `request_timeout_s` (a request's headers and body must arrive within it),
@@ -179,7 +179,7 @@ class ChatServer:
                  max_len: int = 8192, enable_thinking: bool = False, model_name: str = "local",
                  slots: int = 8, batch_window_s: float = 0.01, max_tokens_cap: int | None = None,
                  max_queue: int = 64, max_sampling_settings: int = 8, max_samplers: int = 4,
-                 max_body_bytes: int = 4 << 20, request_timeout_s: float = 30.0, idle_timeout_s: float = 60.0,
+                 max_body_bytes: int = 1 << 20, request_timeout_s: float = 30.0, idle_timeout_s: float = 60.0,
                  backlog: int = 128, api_key: str | None = None):
         max_tokens_cap = check_limits(
             max_len=max_len, slots=slots, batch_window_s=batch_window_s, max_tokens_cap=max_tokens_cap,
@@ -322,21 +322,27 @@ class ChatServer:
 
     def submit(self, request: dict) -> concurrent.futures.Future:
         """Checks a request body (RequestError, a ValueError, if bad; status 429 when
-        `max_queue` requests wait already) and queues it; the future gives the OpenAI
-        chat.completions response."""
-        ids, sampling, max_tokens, seed = self.check(request)
-        with self._count_lock:
-            if sampling not in self._settings and len(self._settings) >= self.max_sampling_settings:
-                served = ", ".join(f"temperature {t:g} top_p {p:g}" for t, p in sorted(self._settings))
-                raise RequestError(f"this server compiles at most {self.max_sampling_settings} sampling settings "
-                                   f"and serves these: {served}", param="temperature", code="unsupported_sampling")
+        `max_queue` requests are being checked, wait or generate already) and queues it; the
+        future gives the OpenAI chat.completions response."""
+        with self._count_lock:  # admitted before the check: rendering a long prompt costs CPU too
             if self._pending >= self.max_queue:
                 raise RequestError(f"the server is busy ({self._pending} requests waiting); retry shortly",
                                    status=429, kind="rate_limit_error", code="server_busy")
-            self._settings.add(sampling)
             self._pending += 1
-            self._requests += 1
-            number = self._requests
+        try:
+            ids, sampling, max_tokens, seed = self.check(request)
+            with self._count_lock:
+                if sampling not in self._settings and len(self._settings) >= self.max_sampling_settings:
+                    served = ", ".join(f"temperature {t:g} top_p {p:g}" for t, p in sorted(self._settings))
+                    raise RequestError(f"this server compiles at most {self.max_sampling_settings} sampling "
+                                       f"settings and serves these: {served}", param="temperature",
+                                       code="unsupported_sampling")
+                self._settings.add(sampling)
+                self._requests += 1
+                number = self._requests
+        except BaseException:
+            self._done(None)
+            raise
         future: concurrent.futures.Future = concurrent.futures.Future()
         future.add_done_callback(self._done)
         self._queue.put(_Request(number, ids, sampling, max_tokens, number if seed is None else seed, future))
@@ -430,11 +436,13 @@ def _number(request: dict, name: str, default: float, low: float, high: float, *
     value = request.get(name)
     if value is None:
         return default
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+    # (an int is finite however large; math.isfinite would overflow on 10**400)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or (isinstance(value, float)
+                                                                           and not math.isfinite(value)):
         raise RequestError(f"'{name}' must be a finite number, got {_show(value)}", param=name)
     if value > high or value < low or (low_open and value == low):
         bounds = f"({low:g}, {high:g}]" if low_open else f"[{low:g}, {high:g}]"
-        raise RequestError(f"'{name}' must be in {bounds}, got {value!r}", param=name)
+        raise RequestError(f"'{name}' must be in {bounds}, got {_show(value)}", param=name)
     return float(value)
 
 

@@ -64,6 +64,8 @@ LONG = json.dumps({"messages": [{"role": "user", "content": "word " * 400}]}).en
 HOSTILE = [
     ("NaN literal", b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}', 400, None),
     ("Infinity literal", b'{"messages": [{"role": "user", "content": "hi"}], "temperature": Infinity}', 400, None),
+    ("an integer temperature of 401 digits", b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 1'
+     + b"0" * 400 + b"}", 400, "temperature"),
     ("1e400 overflows to inf", b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 1e400}', 400,
      "temperature"),
     ("negative temperature", json.dumps({"messages": HI, "temperature": -1}).encode(), 400, "temperature"),
