@@ -30,7 +30,8 @@ def build_server(args):
     """The ChatServer of the parsed arguments (a checkpoint, or a preset's random weights);
     its limits are checked before the model loads."""
     from jaxscaffold.rollout.chat_server import ChatServer, check_limits
-    limits = dict(max_len=args.max_len, slots=args.slots, batch_window_s=0.01, max_tokens_cap=args.max_tokens_cap,
+    cap = min(4096, args.max_len - 1) if args.max_tokens_cap is None else args.max_tokens_cap
+    limits = dict(max_len=args.max_len, slots=args.slots, batch_window_s=0.01, max_tokens_cap=cap,
                   max_queue=args.max_queue, max_sampling_settings=args.max_sampling_settings, max_samplers=4,
                   max_body_bytes=args.max_body_bytes, request_timeout_s=args.request_timeout,
                   idle_timeout_s=args.idle_timeout, backlog=args.backlog)

@@ -141,10 +141,10 @@ class _HTTPServer(ThreadingHTTPServer):
 
 def check_limits(*, max_len, slots, batch_window_s, max_tokens_cap, max_queue, max_sampling_settings,
                  max_samplers, max_body_bytes, request_timeout_s, idle_timeout_s, backlog) -> int:
-    """The max_tokens cap of a server's limits (None: min(4096, max_len - 1)); ValueError
-    naming the first bad limit (a launcher checks them before it loads a model)."""
+    """The max_tokens cap of a server's limits (None: max_len - 1); ValueError naming the first
+    bad limit (a launcher checks them before it loads a model)."""
     if max_tokens_cap is None and isinstance(max_len, int):
-        max_tokens_cap = min(4096, max_len - 1)
+        max_tokens_cap = max_len - 1
     for name, value, low in (("max_len", max_len, 2), ("slots", slots, 1), ("max_queue", max_queue, 1),
                              ("max_samplers", max_samplers, 1), ("max_sampling_settings", max_sampling_settings, 1),
                              ("max_body_bytes", max_body_bytes, 1), ("backlog", backlog, 1),
@@ -165,7 +165,8 @@ class ChatServer:
     `slots` requests are generated together at most; a batch waits `batch_window_s` for
     requests to join it.
 
-    Limits (docs/serving.md): `max_tokens_cap` (a reply's tokens; default min(4096, max_len - 1)),
+    Limits (docs/serving.md): `max_tokens_cap` (a reply's tokens; default max_len - 1: a trainer's
+    own user server takes what its config allows; `launch/serve_chat.py` defaults to 4096),
     `max_queue` (requests being checked, waiting or generating; more get 429), `max_sampling_settings`
     (distinct (temperature, top_p) grid points ever compiled; a new one past it is a 400),
     `max_samplers` (Sampler objects kept, LRU), `max_body_bytes` (a request body; 413 past it),
