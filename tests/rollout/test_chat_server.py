@@ -149,7 +149,7 @@ def test_bad_requests_get_400(server):
                         ({"messages": hi, "top_p": 0}, "top_p"),
                         ({"messages": hi, "max_tokens": 0}, "max_tokens"),
                         ({"messages": hi, "max_tokens": 10**9}, "max_tokens")):
-        status, error = _refusal(lambda: _post(server.base_url, body))
+        status, error = _refusal(lambda body=body: _post(server.base_url, body))
         assert status == 400 and error["param"] == param and error["type"] == "invalid_request_error"
     status, error = _refusal(lambda: _post(server.base_url, {"model": "gpt-9", "messages": hi}))
     assert status == 404 and error["code"] == "model_not_found"
@@ -169,7 +169,7 @@ def test_sampling_settings_are_bucketed_and_bounded():
             assert _post(s.base_url, {"messages": hi, "temperature": temperature, "max_tokens": 2})["object"] \
                 == "chat.completion"
         for temperature in (0.9, 1.1, 1.3, 1.5, 1.7, 1.9, 0.2, 0.3):
-            status, error = _refusal(lambda: _post(s.base_url, {"messages": hi, "temperature": temperature,
+            status, error = _refusal(lambda t=temperature: _post(s.base_url, {"messages": hi, "temperature": t,
                                                                 "max_tokens": 2}))
             assert status == 400 and error["code"] == "unsupported_sampling" and "0.5" in error["message"]
         assert s.sampler_count == 1
@@ -184,8 +184,8 @@ def test_api_key_is_required_when_set(caplog):
         models = urllib.request.Request(s.base_url + "/models")
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"},
                         {"Authorization": "Basic s3cret"}, {"Authorization": "Bearer s3cret0"}):
-            status, error = _refusal(lambda: urllib.request.urlopen(
-                urllib.request.Request(s.base_url + "/models", headers=headers), timeout=30))
+            status, error = _refusal(lambda h=headers: urllib.request.urlopen(
+                urllib.request.Request(s.base_url + "/models", headers=h), timeout=30))
             assert status == 401 and error["code"] == "invalid_api_key"
         status, _ = _refusal(lambda: _post(s.base_url, {"messages": [{"role": "user", "content": "hi"}]}))
         assert status == 401
@@ -196,8 +196,9 @@ def test_api_key_is_required_when_set(caplog):
 
 
 def test_bad_limits_are_refused_by_name():
-    good = dict(max_len=128, slots=2, batch_window_s=0.01, max_tokens_cap=None, max_queue=4, max_sampling_settings=2,
-                max_samplers=1, max_body_bytes=1024, request_timeout_s=1.0, idle_timeout_s=1.0, backlog=128)
+    good = {"max_len": 128, "slots": 2, "batch_window_s": 0.01, "max_tokens_cap": None, "max_queue": 4,
+            "max_sampling_settings": 2, "max_samplers": 1, "max_body_bytes": 1024, "request_timeout_s": 1.0,
+            "idle_timeout_s": 1.0, "backlog": 128}
     assert check_limits(**good) == 127 and check_limits(**{**good, "max_tokens_cap": 100}) == 100
     for name, value in (("max_queue", 0), ("slots", 2.0), ("backlog", True), ("max_tokens_cap", 128),
                         ("idle_timeout_s", float("nan")), ("request_timeout_s", 0), ("batch_window_s", float("inf")),
