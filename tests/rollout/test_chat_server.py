@@ -213,15 +213,19 @@ def test_non_loopback_addresses_are_recognised():
     assert not any(map(is_loopback, ("0.0.0.0", "::", "10.1.2.3", "192.168.0.7", "example.com", "")))
 
 
+@pytest.mark.slow  # a max_len 8192 server compiles its programs: about 25 s
 def test_tau2_user_simulator_is_served_by_our_sampler(server):
-    """A tau2 retail episode whose user is the endpoint (given by URL, as a config would):
-    the user's opening message is our model's greedy reply to tau2's user prompt."""
+    """A tau2 retail episode whose user is the endpoint, through the client a config builds
+    (`train.user_model.client`: a ChatEndpointUser with the config's settings): the user's
+    opening message is our model's reply to tau2's user prompt. A few sampled tokens: the
+    random model's greedy reply to that prompt strips to nothing (at 8 and 64 tokens), which
+    tau2 refuses, and tau2's default of 1024 outlasts the client's timeout on a loaded CPU."""
     tau2 = pytest.importorskip("jaxscaffold.envs.tau2")
     user = tau2.ChatEndpointUser(server.base_url, max_tokens=4, temperature=0.0)
     assert isinstance(user([{"role": "user", "content": "Hi"}]), str)
     big = ChatServer(server.config, server.params, server.tokenizer, max_len=8192).start()
     try:
-        env = tau2.Tau2Env(user=big.base_url)
+        env = tau2.Tau2Env(user=tau2.ChatEndpointUser(big.base_url, max_tokens=16, temperature=1.0))
         before = big._requests
         obs = env.reset(tau2.catalogue("retail/test")[0])
         assert big._requests == before + 1 and not obs.privileged["solo"]
