@@ -363,7 +363,7 @@ class ChatServer:
             if not waiting:
                 first = self._queue.get()
                 if first is None:
-                    return
+                    return self._refuse_waiting(waiting)
                 waiting.append(first)
             deadline = time.monotonic() + self.batch_window_s
             while len(waiting) < 4 * self.slots:  # gather what arrives within the window
@@ -372,12 +372,25 @@ class ChatServer:
                 except queue.Empty:
                     break
                 if item is None:
-                    return
+                    return self._refuse_waiting(waiting)
                 waiting.append(item)
             key = waiting[0].sampling
             batch = [r for r in waiting if r.sampling == key][: self.slots]
             waiting = [r for r in waiting if r not in batch]
             self._run(key, batch)
+
+    def _refuse_waiting(self, waiting: list[_Request]) -> None:
+        """On stop: the requests not generated get a 503 rather than a wait without end."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                waiting.append(item)
+        for r in waiting:
+            r.reply.set_exception(RequestError("the server is stopping", status=503, kind="server_error",
+                                               code="server_stopping"))
 
     def _run(self, key: tuple[float, float], batch: list[_Request]) -> None:
         try:

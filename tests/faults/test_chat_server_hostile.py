@@ -178,6 +178,8 @@ def test_idle_and_half_sent_connections_are_closed(server):
 
     assert 1.0 < closed_after(lambda sock: None) < 10
     assert 1.0 < closed_after(lambda sock: sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Le")) < 10
+    assert 1.0 < closed_after(lambda sock: sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 100"
+                                                       b"\r\n\r\n{\"messages\"")) < 10
 
     def trickle(sock):
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\n")

@@ -19,7 +19,7 @@ import pytest
 from jaxscaffold.models import config as model_config, qwen3
 from jaxscaffold.models.chat import Qwen3ChatRenderer
 from jaxscaffold.models.tokenizer import QwenOfflineTokenizer
-from jaxscaffold.rollout.chat_server import ChatServer, check_limits, is_loopback
+from jaxscaffold.rollout.chat_server import ChatServer, RequestError, check_limits, is_loopback
 from jaxscaffold.rollout.engine import Sampler
 from jaxscaffold.rollout.sampling import GREEDY
 from jaxscaffold.rollout.conversation import MultiTurn
@@ -193,6 +193,23 @@ def test_api_key_is_required_when_set(caplog):
         with urllib.request.urlopen(models, timeout=30) as r:
             assert json.loads(r.read())["data"][0]["id"] == s.model_name
     assert not caplog.records  # loopback: no warning
+
+
+def test_stop_refuses_the_requests_still_waiting():
+    """Requests queued behind a running generation when the server stops get a 503 error,
+    not a wait without end; the one generating finishes."""
+    params = qwen3.init_params(CONFIG, jax.random.key(2))
+    s = ChatServer(CONFIG, params, QwenOfflineTokenizer(), max_len=64, slots=1, batch_window_s=0.0).start()
+    ask = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0, "max_tokens": 4}
+    running = s.submit(ask)
+    while not s.sampler_count:  # the generation thread has taken it (and compiles)
+        time.sleep(0.01)
+    waiting = [s.submit(ask), s.submit(ask)]
+    s.stop()
+    assert running.result(120)["object"] == "chat.completion"
+    for future in waiting:
+        error = future.exception(120)
+        assert isinstance(error, RequestError) and error.status == 503 and error.body()["error"]["code"] == "server_stopping"
 
 
 def test_bad_limits_are_refused_by_name():
