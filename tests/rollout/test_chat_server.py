@@ -209,7 +209,8 @@ def test_stop_refuses_the_requests_still_waiting():
     assert running.result(120)["object"] == "chat.completion"
     for future in waiting:
         error = future.exception(120)
-        assert isinstance(error, RequestError) and error.status == 503 and error.body()["error"]["code"] == "server_stopping"
+        assert isinstance(error, RequestError) and error.status == 503
+        assert error.body()["error"]["code"] == "server_stopping"
 
 
 def test_bad_limits_are_refused_by_name():
