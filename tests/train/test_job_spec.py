@@ -67,7 +67,6 @@ def test_the_spec_reads_the_config(name):
     assert JobSpec.from_config(cfg, processes=1) == spec  # pure: equal configs, equal specs
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fee", "rwml", "colab"])
 def test_the_three_consumers_build_one_spec(name):
     cfg = small(name)
@@ -89,7 +88,6 @@ def test_the_three_consumers_build_one_spec(name):
     assert frozen_args(lowered) == int(spec.with_reference or spec.lora is not None)
 
 
-@pytest.mark.slow
 def test_a_config_change_reaches_all_three():
     before = consumers(small("fee"))
     after = consumers(small("fee", "rl.kl_coef=0.01", "rl.lr=3e-6", "rollout.max_len=512"))
@@ -100,4 +98,8 @@ def test_a_config_change_reaches_all_three():
     assert (frozen_args(lowered0), frozen_args(lowered1)) == (0, 1)
     # the optimizer and the samplers' context
     assert job1.spec.optimizer.lr == 3e-6 and job1.sampler.max_len == 512
-    assert 1.9 < plan1.kv_cache / plan0.kv_cache <= 2.0  # the cache's slots doubled
+    # the plan's cache grows by K and V (bf16) for the 256 slots added to each row (plus at most a
+    # position per slot)
+    c, rows = job1.model_config, job1.spec.sampler.batch_size
+    kv = 2 * c.num_layers * rows * 256 * c.num_kv_heads * c.head_dim * 2
+    assert kv <= plan1.kv_cache - plan0.kv_cache <= kv + rows * 256 * 4
