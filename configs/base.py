@@ -42,6 +42,8 @@ def get_config() -> ConfigDict:
     c.rl.recompute_old_logprobs = False  # True: the trainer recomputes the old log-probs before the updates (the reference, verl); False: the sampler's
     c.rl.tis_cap = 0.0  # truncated importance sampling: token loss x min(pi_trainer_old / pi_sampler, cap), e.g. 2 (Yao et al.); 0: off (needs recompute_old_logprobs)
     c.rl.dynamic_sampling_exhausted = "continue"  # DAPO after max_num_gen_batches: continue (train on the groups collected, as the reference) | raise
+    c.rl.max_bad_steps = 3  # consecutive steps whose update was skipped (non-finite loss or gradient) before the run stops (exit 1)
+    c.rl.max_empty_steps = 3  # consecutive steps where every episode failed or no row reached the loss before the run stops (exit 1)
 
     c.rollout = ConfigDict()
     c.rollout.tasks_per_step = 16  # distinct tasks (GRPO groups) per training step
