@@ -58,16 +58,16 @@ class StepGuard:
         total = sum(p["episodes"] for p in parts)
         rows = sum(p["rows"] for p in parts)
         reasons = [r for p in parts for r in p["failures"]]
-        if reasons:
-            log.warning("step %d: %d of %d episodes failed: %s", step, len(reasons), total, summarise_failures(reasons))
+        failed = f"{len(reasons)} of {total} episodes failed: {summarise_failures(reasons)}" if reasons else ""
         if rows:
             self.empty, self._reasons = 0, []
+            if reasons:
+                log.warning("step %d: %s", step, failed)
             return
         self.empty += 1
         self._reasons += reasons
-        why = "every episode failed" if total and len(reasons) == total else "no row reached the loss"
-        log.warning("step %d trained nothing (%s): %d of rl.max_empty_steps=%d in a row", step, why, self.empty,
-                    self.max_empty)
+        log.warning("step %d trained nothing (%s; %d of rl.max_empty_steps=%d in a row)", step,
+                    failed or "no row reached the loss", self.empty, self.max_empty)
         if self.empty >= self.max_empty:
             causes = summarise_failures(self._reasons) if self._reasons else \
                 "no episode failed, but none gave a training row (e.g. DAPO kept no group)"

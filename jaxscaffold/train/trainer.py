@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -117,6 +118,8 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     except RunFailed as e:
         if isinstance(e, CheckpointSaveError):
             raise
+        with contextlib.suppress(CheckpointSaveError):
+            ckpt.wait()  # the saves begun before the failure complete: the last one is named
         last = ckpt.last_complete_step()
         raise RunFailed(f"{e}; last checkpoint: {'none' if last is None else f'step {last}'} in {ckpt.directory}") from None
     finally:
