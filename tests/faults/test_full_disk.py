@@ -90,3 +90,27 @@ def test_an_asynchronous_write_error_is_collected_and_the_last_checkpoint_restor
     np.testing.assert_array_equal(restored["w"], np.ones((64, 256)))
     assert sorted(os.listdir(directory)) == ["1"]
     ckpt.close()
+
+
+def test_the_run_stops_at_the_failed_save_and_resumes_after_space_is_freed(tmp_path, monkeypatch):
+    """The trainer: the disk fills after step 1's save; step 2's save is refused, the run stops
+    with the error naming step 1 (nothing after it is lost but the step itself); once space is
+    free the same command resumes from step 1 and finishes."""
+    from jaxscaffold.train.trainer import train
+    from tests.train.configs import tiny_config
+    real, calls = checkpoint_lib.shutil.disk_usage, []
+
+    def filling(path):
+        calls.append(path)
+        return real(path) if len(calls) == 1 else real(path)._replace(free=0)
+    monkeypatch.setattr(checkpoint_lib.shutil, "disk_usage", filling)
+    cfg = tiny_config(tmp_path, steps=3, **{"eval.every": 0, "checkpoint.every": 1})
+    with pytest.raises(CheckpointSaveError, match=r"^checkpoint step 2 not saved: 0\.0 MB free .*; last complete "
+                                                  r"checkpoint: step 1 in ") as e:
+        train(cfg)
+    assert "\n" not in str(e.value)
+    assert saved_steps(str(tmp_path / "checkpoints")) == [1]
+    monkeypatch.undo()
+    out = train(cfg)
+    assert [h["step"] for h in out["history"]] == [1, 2, 3]
+    assert saved_steps(str(tmp_path / "checkpoints")) == [1, 2, 3]
