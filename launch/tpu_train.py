@@ -63,6 +63,9 @@ def main(argv: list[str]) -> None:
         from jaxscaffold.train.workloads.world_model import train_world_model as train
     from jaxscaffold.train.failures import RunFailed
     try:
+        if cfg.job != "rl":  # (the task-RL trainer runs these checks itself)
+            from jaxscaffold.train.startup import preflight
+            preflight(cfg)  # an unwritable out_dir, a broken tokenizer...: one line before the model is built
         result = train(cfg)
     except user_errors() as e:  # bad input found once the run starts: one line, no traceback
         print(f"error: {e}", file=sys.stderr)

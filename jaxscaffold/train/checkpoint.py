@@ -99,18 +99,20 @@ class Checkpointer:
     `keep`; None: all)."""
 
     def __init__(self, directory: str, *, keep: int | None = 3, async_save: bool = True,
-                 chunk_bytes: int = CHUNK_BYTES, reader: bool = False):
+                 chunk_bytes: int = CHUNK_BYTES, reader: bool = False, cleanup_partial: bool = False):
         """`reader`: this process alone reads an existing directory (export, evaluation): no
         directory is created and no barrier waits for the other processes of a pod, which
-        never reach it when one process exports at the end of a run."""
+        never reach it when one process exports at the end of a run. `cleanup_partial`: the
+        run that owns the directory starts: what an interrupted save left is removed (never
+        from another process's view of a live run: its save in progress looks the same)."""
         self.directory = os.path.abspath(directory)
         self.chunk_bytes = chunk_bytes
         self._async = async_save
         alone = {} if not reader else {"multiprocessing_options": ocp.options.MultiprocessingOptions(
             primary_host=jax.process_index(), active_processes={jax.process_index()})}
-        # A writer removes what an interrupted save left (a failed save's partial directory).
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
-                                               create=not reader, cleanup_tmp_directories=not reader, **alone)
+                                               create=not reader, cleanup_tmp_directories=cleanup_partial and not reader,
+                                               **alone)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._unsealed: list[int] = []  # saved steps whose manifest is not written yet
         self._failed: CheckpointSaveError | None = None

@@ -56,7 +56,7 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     work = workload(job, job.policy_params(state.params))
     out = cfg.out_dir
     os.makedirs(out, exist_ok=True)
-    ckpt = Checkpointer(os.path.join(out, "checkpoints"), keep=cfg.checkpoint.keep)
+    ckpt = Checkpointer(os.path.join(out, "checkpoints"), keep=cfg.checkpoint.keep, cleanup_partial=True)
     history: list[dict] = []
     start = 0
     if ckpt.latest_step() is not None:
@@ -140,7 +140,8 @@ def _params_checkpointer(cfg, start: int) -> Checkpointer | None:
     resumed run saves them again)."""
     if not cfg.checkpoint.params_only_every:
         return None
-    ckpt = Checkpointer(os.path.join(cfg.out_dir, PARAMS_DIR), keep=cfg.checkpoint.params_only_keep or None)
+    ckpt = Checkpointer(os.path.join(cfg.out_dir, PARAMS_DIR), keep=cfg.checkpoint.params_only_keep or None,
+                        cleanup_partial=True)
     dropped = ckpt.delete_after(start)
     if dropped:
         log.info("params-only checkpoints %s are after the resumed step %d: deleted (saved again)", dropped, start)

@@ -84,7 +84,7 @@ def test_an_asynchronous_write_error_is_collected_and_the_last_checkpoint_restor
     assert "checkpoint step 2 not saved:" in line and "last complete checkpoint: step 1 in" in line, line
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert saved_steps(str(directory)) == [1]
-    ckpt = Checkpointer(str(directory))  # a new start (space freed): the partial save is gone, step 1 restores
+    ckpt = Checkpointer(str(directory), cleanup_partial=True)  # the run starts again: the partial save is removed
     step, restored, extra = ckpt.restore_latest(state(0.0))
     assert (step, extra) == (1, {"step": 1})
     np.testing.assert_array_equal(restored["w"], np.ones((64, 256)))
