@@ -32,6 +32,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import time
@@ -114,6 +115,7 @@ class Checkpointer:
                                                create=not reader, cleanup_tmp_directories=cleanup_partial and not reader,
                                                **alone)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
+        logging.getLogger("absl").addFilter(_ORBAX_TRACEBACKS)  # (once: a filter is added once)
         self._unsealed: list[int] = []  # saved steps whose manifest is not written yet
         self._failed: CheckpointSaveError | None = None
 
@@ -132,7 +134,7 @@ class Checkpointer:
                     state=ocp.args.StandardSave(state, save_args=_save_args(state, self.chunk_bytes)),
                     extra=ocp.args.JsonSave(extra)))
         except Exception as e:  # noqa: BLE001  any failure to write: the run cannot keep its progress
-            raise self._save_error(step, _first_line(e)) from None
+            raise self._save_error(step, _save_cause(e)) from None
         self._unsealed.append(step)
         if not self._async:
             self.wait()  # complete: sealed now
@@ -318,7 +320,7 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001  the asynchronous write failed
             step = self._unsealed[-1] if self._unsealed else "?"
             self._unsealed = []  # Orbax dropped the failed step
-            raise self._save_error(step, _first_line(e)) from None
+            raise self._save_error(step, _save_cause(e)) from None
         self._seal()
 
     def close(self) -> None:
@@ -401,6 +403,17 @@ def _state_bytes(state: Any) -> int:
     return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(state) if hasattr(x, "dtype"))
 
 
+class _OrbaxTracebacks(logging.Filter):
+    """Drops the tracebacks Orbax logs (absl, ERROR) for a failed save, also from its background
+    thread: the Checkpointer reports each failure in one line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname)
+
+
+_ORBAX_TRACEBACKS = _OrbaxTracebacks()
+
+
 @contextlib.contextmanager
 def _quiet_orbax():
     """Orbax logs a failed save's traceback through absl (ERROR) before raising it: the
@@ -412,6 +425,13 @@ def _quiet_orbax():
         yield
     finally:
         absl.setLevel(level)
+
+
+def _save_cause(e: Exception) -> str:
+    """The gist of a failed write: TensorStore's operating-system error ("No space left on
+    device (errno 28)") where it names one, else the first line."""
+    found = re.search(r":\s*([^:\[]+?)\s*\[os_error_code='?(\d+)", str(e))
+    return f"{found.group(1)} (errno {found.group(2)})" if found else _first_line(e)
 
 
 def _first_line(e: Exception) -> str:
