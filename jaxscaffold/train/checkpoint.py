@@ -44,6 +44,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxscaffold.train.failures import RunFailed
+from jaxscaffold.train.multihost import allgather_json
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ class Checkpointer:
         self.directory = os.path.abspath(directory)
         self.chunk_bytes = chunk_bytes
         self._async = async_save
+        self._writers = 1 if reader else jax.process_count()
         alone = {} if not reader else {"multiprocessing_options": ocp.options.MultiprocessingOptions(
             primary_host=jax.process_index(), active_processes={jax.process_index()})}
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_save,
@@ -166,9 +168,12 @@ class Checkpointer:
         last = self.last_complete_step()
         need = _tree_bytes(os.path.join(self.directory, str(last))) if last is not None else _state_bytes(state)
         free = shutil.disk_usage(self.directory).free
+        # Every process decides alike (one refusing alone would leave the others in Orbax's barrier).
+        free = min(allgather_json(free)) if self._writers > 1 else free
         if free < need * SPACE_MARGIN:
+            estimate = "the last save's size" if last is not None else "the state's size"
             raise self._save_error(step, f"{free / 1e6:,.1f} MB free in {self.directory}, a save takes about "
-                                         f"{need / 1e6:,.1f} MB (the last one's size); free space and resume")
+                                         f"{need / 1e6:,.1f} MB ({estimate}); free space and resume")
 
     def _seal(self) -> None:
         """Writes the manifest of each completed save (process 0; the files are shared)."""
