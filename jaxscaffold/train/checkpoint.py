@@ -266,15 +266,20 @@ class Checkpointer:
         """The `params` of a step's saved state alone, onto `target`'s structure, dtypes and
         shardings (Orbax's partial restore: the optimizer state is never read). Reads a full or
         a params-only checkpoint; a step that does not read back is one CheckpointCorrupt line
-        as in `read`."""
+        as in `read` (also for a checksum mismatch or non-finite parameters)."""
         self._check_step(step)
         abstract = jax.tree.map(_abstract, target)
         restore_args = jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, dtype=a.dtype), abstract)
         args = ocp.args.PyTreeRestore(item={"params": abstract}, restore_args={"params": restore_args},
                                       partial_restore=True)
         try:
+            verify_manifest(os.path.join(self.directory, str(step)))
             with _quiet_failed_reads():
-                return self._manager.restore(step, args=ocp.args.Composite(state=args))["state"]["params"]
+                params = self._manager.restore(step, args=ocp.args.Composite(state=args))["state"]["params"]
+            bad = nonfinite_leaves(params)
+            if bad:
+                raise CheckpointDamaged(f"non-finite values in {', '.join(bad[:3])}")
+            return params
         except Exception as e:  # noqa: BLE001  any failure to read makes the step unusable
             raise self.read_error(step, e) from None
 

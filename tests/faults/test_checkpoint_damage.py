@@ -112,3 +112,21 @@ def test_no_checkpoint_reads_back_is_one_line(tmp_path):
     with pytest.raises(CheckpointCorrupt, match="step 1: CheckpointDamaged") as e:
         Checkpointer(str(directory)).restore_latest(state(0.0))
     assert "\n" not in str(e.value)
+
+
+def test_reading_the_parameters_alone_verifies_them_too(tmp_path):
+    """Export and evaluation read a step's parameters alone: damage there is one line too."""
+    ckpt = Checkpointer(str(tmp_path / "ckpt"), async_save=False)
+    ckpt.save(1, {"params": state(1.0)}, {"step": 1})
+    ckpt.close()
+    reader = Checkpointer(str(tmp_path / "ckpt"), reader=True)
+    np.testing.assert_array_equal(reader.read_params(state(0.0), 1)["w"], np.ones((64, 32)))
+    path = _largest_data_file(tmp_path / "ckpt" / "1")
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x10
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointCorrupt, match=r"checkpoint step 1 in .* does not read back \(CheckpointDamaged: "
+                                                r".* does not match its checksum") as e:
+        reader.read_params(state(0.0), 1)
+    assert "\n" not in str(e.value)
+    reader.close()
