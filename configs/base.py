@@ -44,6 +44,8 @@ def get_config() -> ConfigDict:
     c.rl.dynamic_sampling_exhausted = "continue"  # DAPO after max_num_gen_batches: continue (train on the groups collected, as the reference) | raise
     c.rl.overlong_buffer = 0  # DAPO's overlong length penalty over the last this-many tokens of a turn's budget (DAPO paper: e.g. 512); 0: off, as the reference's DAPO
     c.rl.group_stats = "trajectory"  # step-wise rows: a group's mean/std counts each trajectory once ("trajectory") or every step row ("row": verl-agent, the reference)
+    c.rl.max_bad_steps = 3  # consecutive steps whose update was skipped (non-finite loss or gradient) before the run stops (exit 1)
+    c.rl.max_empty_steps = 3  # consecutive steps where every episode failed or no row reached the loss before the run stops (exit 1)
 
     c.rollout = ConfigDict()
     c.rollout.tasks_per_step = 16  # distinct tasks (GRPO groups) per training step

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -22,8 +23,9 @@ import jax
 
 from jaxscaffold import config as config_lib
 from jaxscaffold.train import memory_check, resume, startup
-from jaxscaffold.train.checkpoint import PARAMS_DIR, Checkpointer
+from jaxscaffold.train.checkpoint import PARAMS_DIR, Checkpointer, CheckpointSaveError
 from jaxscaffold.train.export import export_checkpoint
+from jaxscaffold.train.failures import RunFailed, StepGuard
 from jaxscaffold.train.job import build_job, optimizer_config
 from jaxscaffold.train.logger import MetricLogger
 from jaxscaffold.train.multihost import allgather_json
@@ -48,21 +50,18 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     cfg = config_lib.typed(cfg)
     startup.configure_logging(cfg.logging.verbose)
     changes = resume.check_resume(cfg)  # before the model is built: a refused change costs nothing
+    startup.preflight(cfg)  # likewise an unwritable out_dir, a broken tokenizer or task file
     memory_check.check_fits(cfg)  # likewise a run that cannot fit its devices
     job, state = build_job(cfg)
     work = workload(job, job.policy_params(state.params))
     out = cfg.out_dir
     os.makedirs(out, exist_ok=True)
-    ckpt = Checkpointer(os.path.join(out, "checkpoints"), keep=cfg.checkpoint.keep)
+    ckpt = Checkpointer(os.path.join(out, "checkpoints"), keep=cfg.checkpoint.keep, cleanup_partial=True)
     history: list[dict] = []
     start = 0
     if ckpt.latest_step() is not None:
-        _, state, extra = ckpt.restore_latest(state)
-        missing = sorted({"step", "workload", "history"} - set(extra))
-        if missing:
-            raise ValueError(
-                f"the checkpoint in {ckpt.directory} lacks {missing}: it was written by an older, "
-                f"incompatible version; resume is impossible, so use a new out_dir (or delete {out})")
+        # A step whose JSON lacks these keys is damaged like an unreadable one: the previous one resumes.
+        _, state, extra = ckpt.restore_latest(state, required=("step", "workload", "history"))
         start = extra["step"]
         work.set_state(extra["workload"])
         history = extra["history"]
@@ -79,6 +78,7 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     logger = MetricLogger.for_run(cfg, start=start, total_steps=steps)
     lr_at = optimizer_config(cfg).learning_rate()
     policy = None  # the samplers' parameters of this state (LoRA: merged once per update)
+    guard = StepGuard(cfg.rl.max_bad_steps, cfg.rl.max_empty_steps)
     try:
         if start == 0 and cfg.eval.every and cfg.eval.at_start:  # the untrained model's scores
             policy = job.policy_params(state.params)
@@ -86,6 +86,7 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
             logger.log(0, history[-1])
             _write_results(cfg, history, steps)
         for step in range(start + 1, steps + 1):
+            ckpt.check()  # an asynchronous save that failed stops the run before another step
             t0 = time.perf_counter()
             policy = job.policy_params(state.params) if policy is None else policy
             episodes, stats = work.collect(job, policy, step)
@@ -104,6 +105,8 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
                 metrics.update(_evaluate(work, job, policy, step, history))
             history.append(metrics)
             logger.log(step, metrics)
+            guard.after_collect(step, episodes, sum(len(e.training_rows()) for e in episodes if e.failure is None))
+            guard.after_update(step, train_metrics)  # (before the save: a failed run keeps its last good one)
             if evaluated:
                 _write_results(cfg, history, steps)
             if step % cfg.checkpoint.every == 0 or step == steps:
@@ -112,6 +115,13 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
             if params_ckpt is not None and step % cfg.checkpoint.params_only_every == 0:
                 params_ckpt.save(step, {"params": state.params}, {"step": step, "config": cfg.to_dict()})
         ckpt.wait()
+    except RunFailed as e:
+        if isinstance(e, CheckpointSaveError):
+            raise
+        with contextlib.suppress(CheckpointSaveError):
+            ckpt.wait()  # the saves begun before the failure complete: the last one is named
+        last = ckpt.last_complete_step()
+        raise RunFailed(f"{e}; last checkpoint: {'none' if last is None else f'step {last}'} in {ckpt.directory}") from None
     finally:
         ckpt.close()
         if params_ckpt is not None:
@@ -130,7 +140,8 @@ def _params_checkpointer(cfg, start: int) -> Checkpointer | None:
     resumed run saves them again)."""
     if not cfg.checkpoint.params_only_every:
         return None
-    ckpt = Checkpointer(os.path.join(cfg.out_dir, PARAMS_DIR), keep=cfg.checkpoint.params_only_keep or None)
+    ckpt = Checkpointer(os.path.join(cfg.out_dir, PARAMS_DIR), keep=cfg.checkpoint.params_only_keep or None,
+                        cleanup_partial=True)
     dropped = ckpt.delete_after(start)
     if dropped:
         log.info("params-only checkpoints %s are after the resumed step %d: deleted (saved again)", dropped, start)
