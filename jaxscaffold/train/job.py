@@ -20,6 +20,7 @@ from jaxscaffold.models import lora as lora_lib
 from jaxscaffold.models.sharding import MeshConfig, make_mesh, maybe_initialize_distributed
 from jaxscaffold.models.tokenizer import load_tokenizer
 from jaxscaffold.models.word_tokenizer import padded_vocab_size
+from jaxscaffold.rl.losses import Correction
 from jaxscaffold.rl.presets import preset
 from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_train_step, state_shardings
 from jaxscaffold.rollout.engine import Sampler
@@ -131,6 +132,12 @@ def optimizer_config(cfg: RunConfig) -> OptimizerConfig:
     return OptimizerConfig(lr=r.lr, weight_decay=r.weight_decay, grad_clip=r.grad_clip, warmup_steps=r.warmup_steps)
 
 
+def correction(cfg: RunConfig) -> Correction:
+    """The run's off-policy correction of sampled tokens (TIS, MIS: `rl.losses.Correction`)."""
+    r = cfg.rl
+    return Correction(tis_cap=r.tis_cap, mis=r.mis, mis_lo=r.mis_lo, mis_hi=r.mis_hi)
+
+
 def build_job(cfg) -> tuple[Job, Any]:
     """The `Job` of `cfg` and the initial train state (parameters and optimizer state, sharded
     over the mesh). Starts JAX's multi-controller runtime first where the environment asks."""
@@ -149,7 +156,7 @@ def build_job(cfg) -> tuple[Job, Any]:
     # The config (not `opt`) names the optimizer: equal configs share the compiled step.
     step_fn = make_train_step(model_config, algo, opt_config, num_micro_batches=r.micro_batches, mesh=mesh,
                               agg_constant=float(c.max_new_tokens * c.max_turns), with_reference=with_reference,
-                              lora=lora)
+                              lora=lora, correction=correction(cfg))
     shardings = state_shardings(model_config, opt, mesh, lora=lora)
     base_params = None
     if lora is not None:  # LoRA: the state trains the adapters; the base is frozen (and the reference)
