@@ -1,0 +1,115 @@
+"""Training that overlaps rollouts (`rollout.max_staleness`): k = 0 is the synchronous loop
+exactly; k = 1 collects each step with the policy the schedule names, records every token's
+version, logs the staleness histogram, checkpoints no future step and resumes from its step."""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxscaffold.envs.base import Task
+from jaxscaffold.episodes.episode import Episode
+from jaxscaffold.rollout.conversation import Conversation
+from jaxscaffold.train.checkpoint import Checkpointer
+from jaxscaffold.train.collector import staleness_filter
+from jaxscaffold.train.job import build_job
+from jaxscaffold.train.trainer import train
+from jaxscaffold.train.update import train_on
+from jaxscaffold.train.workloads.env_rl import EnvWorkload
+from tests.train.configs import tiny_config
+
+ROWS = 8  # tiny_config: 2 tasks x 4 rollouts, one trajectory row each
+
+
+def leaves(params):
+    return [np.asarray(x) for x in jax.tree.leaves(params)]
+
+
+def synchronous_reference(cfg, steps):
+    """Today's loop written out from the parts: collect with the current policy, then train.
+    Returns the per-step metrics, the parameters before each step and the workload's states."""
+    job, state = build_job(cfg)
+    work = EnvWorkload(job, state.params)
+    history, params, states = [], [], []
+    try:
+        for step in range(1, steps + 1):
+            params.append(leaves(state.params))
+            episodes, stats = work.collect(job, state.params, step)
+            states.append(work.get_state())
+            state, metrics = train_on(job, state, episodes)
+            history.append({**stats, **metrics})
+    finally:
+        work.close()
+    return history, params, states
+
+
+@pytest.mark.slow  # ~50 s on a loaded 2-core machine: two 2-step runs
+def test_staleness_0_is_the_synchronous_loop_bit_for_bit(tmp_path):
+    cfg = tiny_config(tmp_path / "run", steps=2, **{"eval.every": 0, "checkpoint.every": 2})
+    out = train(cfg)
+    reference, _, _ = synchronous_reference(tiny_config(tmp_path / "ref", steps=2), 2)
+    for h, r in zip(out["history"], reference, strict=True):
+        assert not any(k.startswith("rollout/staleness") for k in h)  # k = 0 logs what it logged
+        for k, v in r.items():
+            assert h[k] == v, k
+
+
+@pytest.mark.slow  # ~80 s: a 3-step run, its resume and a 2-step reference
+def test_staleness_1_collects_ahead_with_the_scheduled_versions(tmp_path):
+    seen = {}
+
+    class Recording(EnvWorkload):
+        def collect(self, job, params, step):
+            seen[step] = leaves(params)
+            episodes, stats = super().collect(job, params, step)
+            assert all(not e.conversation.versions for e in episodes)  # the collector records them
+            return episodes, stats
+
+    cfg = tiny_config(tmp_path / "run", steps=3, **{"eval.every": 2, "checkpoint.every": 1,
+                                                     "rollout.max_staleness": 1})
+    out = train(cfg, workload=Recording)
+    _, ref_params, ref_states = synchronous_reference(tiny_config(tmp_path / "ref", steps=2), 2)
+    # Step t samples with version max(0, t - 2): steps 1 and 2 the initial policy, step 3 the
+    # policy after step 1 (equal to the synchronous run's: step 1's rollouts are the same).
+    for t, version in ((1, 0), (2, 0), (3, 1)):
+        for a, b in zip(seen[t], ref_params[version], strict=True):
+            np.testing.assert_array_equal(a, b)
+    h = out["history"]
+    assert [(x["rollout/staleness_0"], x["rollout/staleness_1"]) for x in h] == [(ROWS, 0), (0, ROWS), (0, ROWS)]
+    assert all(x["rollout/stale_dropped_rows"] == 0 and np.isfinite(x["train/loss"]) for x in h)
+    assert "eval/success" in h[1] and all(x["time/collect_s"] > 0 for x in h)
+    # Each checkpoint holds the workload's state after its own step's collect, not a later one.
+    ckpt = Checkpointer(str(tmp_path / "run" / "checkpoints"), keep=None)
+    try:
+        for step in (1, 2):
+            assert ckpt.restore_extra(step)["workload"] == ref_states[step - 1]
+    finally:
+        ckpt.close()
+    # Resumed from step 3's checkpoint with one more step: collection restarts at step 4 with
+    # the checkpoint's policy, on-policy.
+    seen.clear()
+    more = train(tiny_config(tmp_path / "run", steps=4, **{"eval.every": 2, "checkpoint.every": 1,
+                                                           "rollout.max_staleness": 1}), workload=Recording)
+    assert list(seen) == [4]
+    assert more["history"][-1]["rollout/staleness_0"] == ROWS
+
+
+def _episode(group, versions_per_turn):
+    """An episode whose model turns were sampled by the given versions (one token per turn)."""
+    conv = Conversation()
+    for v in versions_per_turn:
+        conv.add_context([1, 2])
+        conv.ids.append(3)
+        conv.assistant_mask.append(1)
+        conv.logprobs.append(-0.5)
+        conv.record_version(v)
+    return Episode(task=Task(env="letters", task_id="t", split="train"), group=group, conversation=conv)
+
+
+def test_versions_are_per_token_and_stale_rows_are_dropped_and_counted():
+    fresh, partial, stale = _episode(0, [5, 5]), _episode(0, [3, 4]), _episode(1, [2, 2])
+    assert partial.conversation.versions == [-1, -1, 3, -1, -1, 4]
+    assert list(partial.conversation.arrays()["versions"]) == [-1, -1, 3, -1, -1, 4]
+    kept, stats = staleness_filter([fresh, partial, stale], version=5, max_staleness=2)
+    assert kept == [fresh, partial]  # a row's age is its oldest token's: 5 - 3 = 2
+    assert stats == {"rollout/staleness_0": 1.0, "rollout/staleness_1": 0.0, "rollout/staleness_2": 1.0,
+                     "rollout/staleness_3": 1.0, "rollout/stale_dropped_rows": 1.0}
