@@ -64,10 +64,11 @@ def test_staleness_1_collects_ahead_with_the_scheduled_versions(tmp_path):
             assert all(not e.conversation.versions for e in episodes)  # the collector records them
             return episodes, stats
 
-    cfg = tiny_config(tmp_path / "run", steps=3, **{"eval.every": 2, "checkpoint.every": 1,
-                                                     "rollout.max_staleness": 1})
-    out = train(cfg, workload=Recording)
-    _, ref_params, ref_states = synchronous_reference(tiny_config(tmp_path / "ref", steps=2), 2)
+    # The trainer's old log-probs, TIS and MIS: the correction a stale batch trains with.
+    correction = {"rl.recompute_old_logprobs": True, "rl.tis_cap": 2.0, "rl.mis": "token"}
+    async_run = {"eval.every": 2, "checkpoint.every": 1, "rollout.max_staleness": 1, **correction}
+    out = train(tiny_config(tmp_path / "run", steps=3, **async_run), workload=Recording)
+    _, ref_params, ref_states = synchronous_reference(tiny_config(tmp_path / "ref", steps=2, **correction), 2)
     # Step t samples with version max(0, t - 2): steps 1 and 2 the initial policy, step 3 the
     # policy after step 1 (equal to the synchronous run's: step 1's rollouts are the same).
     for t, version in ((1, 0), (2, 0), (3, 1)):
@@ -77,6 +78,11 @@ def test_staleness_1_collects_ahead_with_the_scheduled_versions(tmp_path):
     assert [(x["rollout/staleness_0"], x["rollout/staleness_1"]) for x in h] == [(ROWS, 0), (0, ROWS), (0, ROWS)]
     assert all(x["rollout/stale_dropped_rows"] == 0 and np.isfinite(x["train/loss"]) for x in h)
     assert "eval/success" in h[1] and all(x["time/collect_s"] > 0 for x in h)
+    # MIS tests pi_old / pi_sampler: on-policy only the numerics differ (nothing masked); one
+    # version behind, the ratio moves away from 1.
+    assert h[0]["train/mis_masked"] == 0 and abs(np.log(h[0]["train/is_ratio_max"])) < 1e-3
+    assert all(max(-np.log(x["train/is_ratio_min"]), np.log(x["train/is_ratio_max"])) > 1e-3 for x in h[1:])
+    assert all(0 <= x["train/mis_masked"] <= 1 for x in h)
     # Each checkpoint holds the workload's state after its own step's collect, not a later one.
     ckpt = Checkpointer(str(tmp_path / "run" / "checkpoints"), keep=None)
     try:
@@ -87,8 +93,7 @@ def test_staleness_1_collects_ahead_with_the_scheduled_versions(tmp_path):
     # Resumed from step 3's checkpoint with one more step: collection restarts at step 4 with
     # the checkpoint's policy, on-policy.
     seen.clear()
-    more = train(tiny_config(tmp_path / "run", steps=4, **{"eval.every": 2, "checkpoint.every": 1,
-                                                           "rollout.max_staleness": 1}), workload=Recording)
+    more = train(tiny_config(tmp_path / "run", steps=4, **async_run), workload=Recording)
     assert list(seen) == [4]
     assert more["history"][-1]["rollout/staleness_0"] == ROWS
 
