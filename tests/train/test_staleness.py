@@ -118,3 +118,21 @@ def test_versions_are_per_token_and_stale_rows_are_dropped_and_counted():
     assert kept == [fresh, partial]  # a row's age is its oldest token's: 5 - 3 = 2
     assert stats == {"rollout/staleness_0": 1.0, "rollout/staleness_1": 0.0, "rollout/staleness_2": 1.0,
                      "rollout/staleness_3": 1.0, "rollout/stale_dropped_rows": 1.0}
+
+
+def test_configs_say_what_they_run():
+    """The papers' configs stay on-policy; fee_async validates with staleness 1 and MIS."""
+    import glob
+    import os
+
+    from jaxscaffold import config as config_lib
+    from tests.train.configs import ROOT, load_config
+
+    for path in glob.glob(os.path.join(ROOT, "configs", "*.py")):
+        name = os.path.basename(path)[:-3]
+        if name.startswith(("fee", "standard", "rwml")) and name != "fee_async":
+            cfg = load_config(name)
+            assert cfg.rollout.get("max_staleness", 0) == 0 and cfg.rl.get("mis", "off") == "off", name
+    c = config_lib.typed(load_config("fee_async"))
+    assert c.rollout.max_staleness == 1 and c.rl.mis == "token" and c.rl.recompute_old_logprobs
+    assert c.envs.train == "sciworld"
