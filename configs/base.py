@@ -26,6 +26,7 @@ def get_config() -> ConfigDict:
     c.mesh.fsdp = 1  # data parallel with sharded parameters and optimizer state
     c.mesh.tensor = 1  # tensor parallelism over heads / MLP / vocab
     c.mesh.devices = 0  # the first n devices only (0: all); one process only, e.g. to leave some free
+    c.mesh.rollout_devices = 0  # split the pod: the last n of the devices above sample (rollouts, evaluation), the others train; weights copied device to device after each update; one process only, pair with rollout.max_staleness >= 1 (0: every device does both, in turn)
 
     c.rl = ConfigDict()
     c.rl.algorithm = "grpo"  # grpo | dapo | gspo | drgrpo (jaxscaffold.rl.presets)

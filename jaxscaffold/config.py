@@ -49,6 +49,7 @@ class Mesh:
     fsdp: int
     tensor: int
     devices: int
+    rollout_devices: int = 0  # the last n of the run's devices sample, the others train (`job.split_devices`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -458,6 +459,7 @@ def validate(cfg: RunConfig) -> None:
     _range("rollout.sampler_devices", c.sampler_devices, 0)
     _range("rollout.max_rows_in_flight", c.max_rows_in_flight, 0)
     _range("rollout.max_staleness", c.max_staleness, 0)
+    _range("mesh.rollout_devices", cfg.mesh.rollout_devices, 0)
     if 0 < c.max_rows_in_flight < c.group_size:
         raise ConfigError(f"config.rollout.max_rows_in_flight={c.max_rows_in_flight} must be 0 (all rows at once) "
                           f"or at least rollout.group_size={c.group_size} (a wave holds whole groups)")

@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxscaffold.episodes.episode import Episode
+from jaxscaffold.train.multihost import sampler_params
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class AheadCollector:
         self.start_version = version
         self.last_step = last_step
         self._cond = threading.Condition()
-        self._params: dict[int, Any] = {version: params}  # published versions still needed
+        self._params: dict[int, Any] = {version: self._own_copy(params)}  # published versions still needed
         self._ready: dict[int, tuple] = {}  # step -> (episodes, stats, version, collect seconds)
         self._states: dict[int, dict] = {}  # step -> the workload's state right after collecting it
         self._collecting = threading.Lock()  # held during one collect (`paused`)
@@ -109,13 +110,20 @@ class AheadCollector:
 
     def publish(self, params, version: int) -> None:
         """The policy after training step `version`; kept only if a later step samples with it
-        (copied: the next train step donates the state's buffers)."""
+        (`_own_copy`: the next train step donates the state's buffers)."""
         if version + 1 + self.k > self.last_step:  # step version + 1 + k samples with it
             return
-        params = jax.tree.map(jnp.copy, params)
+        params = self._own_copy(params)
         with self._cond:
             self._params[version] = params
             self._cond.notify_all()
+
+    def _own_copy(self, params):
+        """Parameters the next train step cannot donate: on a split pod (`mesh.rollout_devices`)
+        moved device to device onto the samplers' devices, else a copy on the same devices."""
+        if self.job.cfg.mesh.rollout_devices:
+            return sampler_params(params, self.job.sampler)
+        return jax.tree.map(jnp.copy, params)
 
     def workload_state(self, step: int) -> dict:
         """The workload's state right after step `step` was collected (what its checkpoint stores)."""

@@ -147,7 +147,7 @@ def _ahead_collector(job, work, state, start: int, steps: int) -> AheadCollector
     if jax.process_count() > 1:
         raise ValueError(f"rollout.max_staleness={job.cfg.rollout.max_staleness} runs on one process only "
                          f"(have {jax.process_count()}): use 0 on several hosts")
-    return AheadCollector(work, job, jax.tree.map(jax.numpy.copy, job.policy_params(state.params)), version=start,
+    return AheadCollector(work, job, job.policy_params(state.params), version=start,
                           first_step=start + 1, last_step=steps, max_staleness=job.cfg.rollout.max_staleness)
 
 

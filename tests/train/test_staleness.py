@@ -136,3 +136,52 @@ def test_configs_say_what_they_run():
     c = config_lib.typed(load_config("fee_async"))
     assert c.rollout.max_staleness == 1 and c.rl.mis == "token" and c.rl.recompute_old_logprobs
     assert c.envs.train == "sciworld"
+
+
+@pytest.mark.slow  # ~40 s: a 2-step run
+def test_a_split_pod_samples_on_its_rollout_devices(tmp_path):
+    """mesh.rollout_devices = 1 of 2: the update on the first device, rollouts on the second,
+    with the weights moved there device to device."""
+    devices = jax.devices()[:2]
+    placed = {}
+
+    class Recording(EnvWorkload):
+        def collect(self, job, params, step):
+            placed[step] = set().union(*(x.sharding.device_set for x in jax.tree.leaves(params)))
+            assert set(job.mesh.devices.flat) == {devices[0]} and set(job.sampler.mesh.devices.flat) == {devices[1]}
+            return super().collect(job, params, step)
+
+    cfg = tiny_config(tmp_path, steps=3, **{"eval.every": 3, "checkpoint.every": 3, "mesh.devices": 2,
+                                            "mesh.rollout_devices": 1, "rollout.max_staleness": 1})
+    out = train(cfg, workload=Recording)
+    assert placed == {1: {devices[1]}, 2: {devices[1]}, 3: {devices[1]}}
+    assert set().union(*(x.sharding.device_set for x in jax.tree.leaves(out["state"].params))) == {devices[0]}
+    assert all(np.isfinite(h["train/loss"]) for h in out["history"]) and "eval/success" in out["history"][-1]
+
+
+def test_a_split_needs_devices_left_to_train(tmp_path):
+    with pytest.raises(ValueError, match="rollout_devices=2"):
+        build_job(tiny_config(tmp_path, **{"mesh.devices": 2, "mesh.rollout_devices": 4}))
+
+
+def test_the_memory_plan_knows_the_split_and_the_published_copies():
+    """A split pod plans each part on its own devices; staleness on shared devices overlaps
+    the phases and holds k + 1 copies of the policy."""
+    from jaxscaffold import config as config_lib
+    from jaxscaffold.train import memory_plan
+
+    def plan(**overrides):
+        cfg = config_lib.typed(tiny_config("unused", **{"mesh.devices": 0, "mesh.data": 1, "mesh.fsdp": -1,
+                                                        **overrides}))
+        return memory_plan.plan(cfg, hbm_bytes=16e9, devices=jax.devices()[:8], compile_step=False)
+
+    shared, overlapped = plan(), plan(**{"rollout.max_staleness": 1})
+    split = plan(**{"rollout.max_staleness": 1, "mesh.rollout_devices": 4})
+    assert shared.published == 0 and shared.peak == max(shared.train_peak, shared.rollout_peak)
+    update = overlapped.state + overlapped.grads
+    assert overlapped.published == 2 * overlapped.params  # f32 master weights, fsdp over 8: the policy's shards
+    assert overlapped.train_peak == update + overlapped.sampler_weights + overlapped.kv_cache + overlapped.published
+    assert split.params > shared.params  # fsdp over the 4 training devices only
+    assert split.train_peak == split.state + split.grads
+    assert split.published == split.sampler_weights  # k = 1 more copy, on the rollout devices
+    assert split.rollout_peak == 2 * split.sampler_weights + split.kv_cache
