@@ -8,6 +8,7 @@ A batch is a dict of arrays (all rows of one optimizer step):
   adv_B          f32     advantage of each row (spread uniformly over its tokens)
 and optionally
   tis_weight_BT  f32     truncated importance-sampling weights (`make_old_logprob_step` adds them)
+  sampler_logp_BT f32    the sampler's log-probs beside recomputed old ones (MIS, `rl.mis`)
 
 The batch is split into `num_micro_batches` micro-batches whose gradients are summed inside
 the jitted step. Every loss term is divided by the *full batch's* token / sequence counts

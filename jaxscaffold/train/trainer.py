@@ -13,10 +13,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-import contextlib
 import sys
 import time
 from typing import Any
