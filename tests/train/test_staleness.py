@@ -161,7 +161,7 @@ def test_a_split_pod_samples_on_its_rollout_devices(tmp_path):
 
 def test_a_split_needs_devices_left_to_train(tmp_path):
     with pytest.raises(ValueError, match="rollout_devices=2"):
-        build_job(tiny_config(tmp_path, **{"mesh.devices": 2, "mesh.rollout_devices": 4}))
+        build_job(tiny_config(tmp_path, **{"mesh.devices": 2, "mesh.rollout_devices": 2}))
 
 
 def test_the_memory_plan_knows_the_split_and_the_published_copies():
