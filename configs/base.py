@@ -59,7 +59,7 @@ def get_config() -> ConfigDict:
     c.rollout.representation = "trajectory"  # trajectory (one token sequence per episode) | stepwise (the reference code's rows)
     c.rollout.history_window = 2  # stepwise: (observation, action) steps shown in each rebuilt prompt
     c.rollout.sampler_devices = 0  # devices a host samples on, tensor parallel (0: all of its devices of the training mesh; 1: one device, unsharded on one process)
-    c.rollout.max_staleness = 0  # k > 0: a background collector samples up to k steps ahead of training with the newest weights; rows more than k versions old are dropped (0: on-policy, collect then train)
+    c.rollout.max_staleness = 0  # k > 0: a background collector samples up to k steps ahead of training (step t with the policy after step t - 1 - k); rows more than k versions old are dropped (0: on-policy, collect then train)
     c.rollout.max_rows_in_flight = 0  # sampler rows at once: the step's groups in waves of whole groups (0: all at once; a memory knob, the KV cache scales with it)
 
     c.envs = ConfigDict()
