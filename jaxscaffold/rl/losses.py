@@ -21,6 +21,10 @@ batch-wide counts (N, S). Pass `denominators=loss_denominators(mask_BT_of_full_b
 every micro-batch call and the sum of the micro-batch losses (and of their gradients) equals
 the full-batch loss exactly; without it the local counts are used (right for one micro-batch).
 
+Off-policy correction (`Correction`, the run's `rl.tis_cap` / `rl.mis*`): tokens sampled by an
+older policy version (bounded staleness) or by the sampler's numerics are weighted (TIS) or
+masked (MIS, `mis_keep`) by their importance ratio against the sampler.
+
 Metrics are built the same way, so the train step combines micro-batches with
 `merge_metrics` (a sum for every entry except `ratio_min` / `ratio_max`, which take min / max).
 """
