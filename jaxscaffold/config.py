@@ -50,6 +50,7 @@ class Mesh:
     fsdp: int
     tensor: int
     devices: int
+    rollout_devices: int = 0  # the last n of the run's devices sample, the others train (`job.split_devices`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +75,10 @@ class RL:
     # A run that does not train stops (exit 1): consecutive skipped updates / steps with no row.
     max_bad_steps: int = 3
     max_empty_steps: int = 3
+    # Masked importance sampling of stale / mismatched tokens (`rl.losses.Correction`).
+    mis: Literal["off", "token", "sequence"] = "off"
+    mis_lo: float = 0.5
+    mis_hi: float = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +95,7 @@ class Rollout:
     history_window: int
     sampler_devices: int = 0  # a host's sampler mesh: its first n devices (0: all; `multihost.rollout_mesh`)
     max_rows_in_flight: int = 0  # a memory knob: the step's groups sampled in waves (`train.waves`)
+    max_staleness: int = 0  # k > 0: rollouts of the next k steps overlap training (`train.collector`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -465,6 +471,8 @@ def validate(cfg: RunConfig) -> None:
     _range("rollout.history_window", c.history_window, 0)
     _range("rollout.sampler_devices", c.sampler_devices, 0)
     _range("rollout.max_rows_in_flight", c.max_rows_in_flight, 0)
+    _range("rollout.max_staleness", c.max_staleness, 0)
+    _range("mesh.rollout_devices", cfg.mesh.rollout_devices, 0)
     if 0 < c.max_rows_in_flight < c.group_size:
         raise ConfigError(f"config.rollout.max_rows_in_flight={c.max_rows_in_flight} must be 0 (all rows at once) "
                           f"or at least rollout.group_size={c.group_size} (a wave holds whole groups)")
@@ -524,6 +532,9 @@ def _check_update(r: RL) -> None:
     if r.tis_cap and not r.recompute_old_logprobs:
         raise ConfigError(f"config.rl.tis_cap={r.tis_cap} weights by pi_trainer_old / pi_sampler: it needs "
                           "rl.recompute_old_logprobs=True")
+    _range("rl.mis_lo", r.mis_lo, 0.0)
+    if r.mis_hi <= r.mis_lo:
+        raise ConfigError(f"config.rl.mis_hi={r.mis_hi} must exceed rl.mis_lo={r.mis_lo} (MIS keeps ratios in [lo, hi])")
 
 
 def _check_run_ux(cfg: RunConfig) -> None:

@@ -17,9 +17,11 @@ from jaxscaffold.config import RunConfig
 from jaxscaffold.models import config as model_config_lib
 from jaxscaffold.models import hf_io, qwen3
 from jaxscaffold.models import lora as lora_lib
+from jaxscaffold.models.local_mesh import local_mesh, local_rules
 from jaxscaffold.models.sharding import MeshConfig, make_mesh, maybe_initialize_distributed
 from jaxscaffold.models.tokenizer import load_tokenizer
 from jaxscaffold.models.word_tokenizer import padded_vocab_size
+from jaxscaffold.rl.losses import Correction
 from jaxscaffold.rl.presets import preset
 from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_train_step, state_shardings
 from jaxscaffold.rollout.engine import Sampler
@@ -125,10 +127,29 @@ def mesh_devices(cfg) -> list | None:
     return jax.devices()[:n]
 
 
+def split_devices(cfg) -> tuple[list | None, list | None]:
+    """(the training mesh's devices, the samplers' devices): `mesh_devices` and None, or with
+    `mesh.rollout_devices = r` the run's devices split, the last r sampling, the others training."""
+    r = cfg.mesh.rollout_devices
+    if not r:
+        return mesh_devices(cfg), None
+    devices = mesh_devices(cfg) or jax.devices()
+    if jax.process_count() > 1 or not 0 < r < len(devices):
+        raise ValueError(f"config.mesh.rollout_devices={r}: a split needs 1 <= n < {len(devices)} (the run's "
+                         f"devices) and one process (have {jax.process_count()})")
+    return devices[:-r], devices[-r:]
+
+
 def optimizer_config(cfg: RunConfig) -> OptimizerConfig:
     """The run's optimizer (its `learning_rate()` schedule is what the logs report)."""
     r = cfg.rl
     return OptimizerConfig(lr=r.lr, weight_decay=r.weight_decay, grad_clip=r.grad_clip, warmup_steps=r.warmup_steps)
+
+
+def correction(cfg: RunConfig) -> Correction:
+    """The run's off-policy correction of sampled tokens (TIS, MIS: `rl.losses.Correction`)."""
+    r = cfg.rl
+    return Correction(tis_cap=r.tis_cap, mis=r.mis, mis_lo=r.mis_lo, mis_hi=r.mis_hi)
 
 
 def build_job(cfg) -> tuple[Job, Any]:
@@ -136,7 +157,8 @@ def build_job(cfg) -> tuple[Job, Any]:
     over the mesh). Starts JAX's multi-controller runtime first where the environment asks."""
     maybe_initialize_distributed()
     cfg = config_lib.typed(cfg)
-    mesh = make_mesh(MeshConfig(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor), mesh_devices(cfg))
+    train_devices, rollout_devices = split_devices(cfg)
+    mesh = make_mesh(MeshConfig(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor), train_devices)
     model_config, params = build_model(cfg, mesh)
     tokenizer = run_tokenizer(cfg.model)
     r, c = cfg.rl, cfg.rollout
@@ -150,7 +172,7 @@ def build_job(cfg) -> tuple[Job, Any]:
     # The config (not `opt`) names the optimizer: equal configs share the compiled step.
     step_fn = make_train_step(model_config, algo, opt_config, num_micro_batches=r.micro_batches, mesh=mesh,
                               agg_constant=float(c.max_new_tokens * c.max_turns), with_reference=with_reference,
-                              lora=lora)
+                              lora=lora, correction=correction(cfg))
     shardings = state_shardings(model_config, opt, mesh, lora=lora)
     base_params = None
     if lora is not None:  # LoRA: the state trains the adapters; the base is frozen (and the reference)
@@ -167,6 +189,9 @@ def build_job(cfg) -> tuple[Job, Any]:
     rows = sampler_rows(c, share)  # one wave's rows (rollout.max_rows_in_flight; default the share's)
     # On several processes each samples on its own devices (tensor parallel; `rollout_mesh`).
     sampler_mesh, sampler_rules = rollout_mesh(model_config, mesh, devices=c.sampler_devices)
+    if rollout_devices:  # a split pod: the samplers on their own devices, tensor parallel
+        sampler_mesh = local_mesh(rollout_devices)
+        sampler_rules = local_rules(model_config, sampler_mesh.shape["tensor"])
     sampler = Sampler(model_config, batch_size=rows, max_len=c.max_len, sampling=sampling,
                       stop_ids=tokenizer.eos_ids, cache_dtype=cfg.model.cache_dtype, mesh=sampler_mesh,
                       rules=sampler_rules)

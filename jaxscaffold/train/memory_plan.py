@@ -11,7 +11,11 @@ measures, per device:
                                its copy of the weights in the compute dtype.
 Nothing is allocated: parameters are `jax.eval_shape`d and programs lowered for abstract
 arguments. The training state stays resident while rollouts run, so the peak is the larger of
-the train phase (state + step temporaries) and the rollout phase (state + sampler).
+the train phase (state + step temporaries) and the rollout phase (state + sampler). With
+`rollout.max_staleness` k > 0 the phases overlap on shared devices (their sum, plus the k
+published copies of the policy the collector holds); with `mesh.rollout_devices` r > 0 the
+training devices hold the train phase and the r rollout devices the sampler (and the copies),
+each part planned on its own devices (`peak`: the larger of the two).
 
 The programs are the accelerator backend's (`backends.accelerator`: stacked weights, autodiff,
 a plain cache), whatever machine plans them. XLA:CPU's buffer assignment stands in for the
@@ -34,6 +38,8 @@ from jaxscaffold.buckets import pow2_bucket
 from jaxscaffold.config import RunConfig
 from jaxscaffold.models import qwen3
 from jaxscaffold.models import lora as lora_lib
+from jaxscaffold.models.local_mesh import local_mesh
+from jaxscaffold.models.local_mesh import local_rules as rules_of_local
 from jaxscaffold.models.sharding import MeshConfig, make_mesh
 from jaxscaffold.rl.presets import preset
 from jaxscaffold.rl.train_step import (BATCH_AXES, OptimizerConfig, TrainState, batch_shardings, init_train_state,
@@ -61,6 +67,8 @@ class MemoryPlan:
     kv_cache: int
     notes: tuple[str, ...] = ()
     frozen_base: int = 0  # LoRA: the frozen base weights (params, opt_state, grads: the adapters')
+    rollout_devices: int = 0  # a split pod: devices that only sample (`mesh.rollout_devices`)
+    published: int = 0  # rollout.max_staleness > 0: the policy copies the collector holds
 
     @property
     def state(self) -> int:
@@ -68,11 +76,18 @@ class MemoryPlan:
 
     @property
     def train_peak(self) -> int:
-        return self.state + self.grads + (self.activations or 0)
+        """Of a training device (on shared devices with staleness, with the rollouts overlapping)."""
+        update = self.state + self.grads + (self.activations or 0)
+        if self.published and not self.rollout_devices:  # overlapped: the sampler's part at once
+            return update + self.sampler_weights + self.kv_cache + self.published
+        return update
 
     @property
     def rollout_peak(self) -> int:
-        return self.state + self.sampler_weights + self.kv_cache
+        """Of a device while it samples (a split pod's rollout device holds no training state)."""
+        if self.rollout_devices:
+            return self.sampler_weights + self.kv_cache + self.published
+        return self.state + self.sampler_weights + self.kv_cache + self.published
 
     @property
     def peak(self) -> int:
@@ -120,8 +135,10 @@ class MemoryPlan:
                 ("activations (train step temporaries)", self.activations),
                 ("KL reference parameters", self.reference), ("LoRA frozen base", self.frozen_base),
                 ("sampler weights", self.sampler_weights),
-                ("KV cache", self.kv_cache), ("peak, train phase", self.train_peak),
-                ("peak, rollout phase", self.rollout_peak)]
+                ("KV cache", self.kv_cache), ("published policy copies (staleness)", self.published),
+                ("peak, train phase" + (" (training devices)" if self.rollout_devices else ""), self.train_peak),
+                ("peak, rollout phase" + (f" ({self.rollout_devices} rollout devices)" if self.rollout_devices else ""),
+                 self.rollout_peak)]
         lines = [f"{name:<40} {'not compiled' if b is None else f'{b / GB:9.2f} GB'}" for name, b in rows]
         verdict = "fits" if self.fits() else "does NOT fit"
         lines.append(f"{'device memory':<40} {self.hbm_bytes / GB:9.2f} GB: {verdict}")
@@ -163,7 +180,11 @@ def worst_case_batch(cfg: RunConfig) -> tuple[int, int, int]:
 def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compile_step: bool = True) -> MemoryPlan:
     """The memory plan of `cfg` on `devices` (default: all), e.g. fake CPU devices of a pod's count."""
     devices = list(jax.devices() if devices is None else devices)
-    mesh = make_mesh(MeshConfig(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor), devices)
+    split = cfg.mesh.rollout_devices
+    if split and not 0 < split < len(devices):
+        raise ValueError(f"config.mesh.rollout_devices={split} leaves none of the {len(devices)} devices to train")
+    rollout_part = devices[len(devices) - split:] if split else None
+    mesh = make_mesh(MeshConfig(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor), devices[:len(devices) - split])
     config = model_config(cfg)
     r, c = cfg.rl, cfg.rollout
     opt_config = OptimizerConfig(lr=r.lr, weight_decay=r.weight_decay, grad_clip=r.grad_clip,
@@ -217,6 +238,9 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
     # The sampler: rows of this process's share of the groups, its cache as it is built.
     share = -(-c.tasks_per_step // jax.process_count())
     local, local_rules = rollout_mesh(config, mesh, devices=c.sampler_devices)  # each process samples on its own devices
+    if rollout_part:  # a split pod: the samplers on the rollout devices (`job.split_devices`)
+        local = local_mesh(rollout_part)
+        local_rules = rules_of_local(config, local.shape["tensor"])
     sampler = Sampler(config, stop_ids=(), batch_size=sampler_rows(c, share), max_len=c.max_len, cache_dtype=cfg.model.cache_dtype,
                       layout="stacked", mesh=local, rules=local_rules)
     cache = jax.eval_shape(sampler.init_state)
@@ -238,5 +262,16 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
                                             base_sh["layers"][t]) for t in lora.targets)
         notes.append(f"LoRA rank {lora.rank}: the samplers decode with the base merged with the adapters "
                      "(a copy of the adapted matrices, made once per update)")
+    # The collector's copies of the policy: while it samples with version t - 1 - k the trainer
+    # publishes up to version t - 1, so k + 1 at most; on a split pod they are the sampler's
+    # weights (one counted above), else full copies on the training devices.
+    policy = _shard_bytes(param_shapes, base_sh)
+    published = c.max_staleness * sampler_weights if rollout_part else (c.max_staleness + 1) * policy
+    published = published if c.max_staleness else 0
+    if split:
+        notes.append(f"a split pod: {len(devices) - split} devices train, {split} sample")
+    if c.max_staleness:
+        notes.append(f"rollout.max_staleness={c.max_staleness}: up to {c.max_staleness + 1} policy copies held for the collector"
+                     + ("" if split else "; rollouts overlap the update on the same devices"))
     return MemoryPlan(len(devices), hbm_bytes, params, opt_state, grads, activations, reference, sampler_weights,
-                      kv, tuple(notes), frozen_base=frozen_base)
+                      kv, tuple(notes), frozen_base=frozen_base, rollout_devices=split, published=published)

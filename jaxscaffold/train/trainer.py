@@ -1,6 +1,8 @@
 """The training loop: the one place that runs a job step by step.
 
   workload.collect (rollouts, rewards, metrics) -> train_on (advantages, optimizer steps)
+     (rollout.max_staleness = k > 0: the next steps' rollouts collected meanwhile in a
+     background thread, `collector.AheadCollector`)
   -> every eval.every steps (and at step 0): workload.evaluate -> logs, results.json
   -> every checkpoint.every steps: a checkpoint (every checkpoint.params_only_every: the
      parameters alone, in out_dir/params)
@@ -24,6 +26,7 @@ import jax
 from jaxscaffold import config as config_lib
 from jaxscaffold.train import memory_check, resume, startup
 from jaxscaffold.train.checkpoint import PARAMS_DIR, Checkpointer, CheckpointSaveError
+from jaxscaffold.train.collector import AheadCollector, staleness_filter
 from jaxscaffold.train.export import export_checkpoint
 from jaxscaffold.train.failures import RunFailed, StepGuard
 from jaxscaffold.train.job import build_job, optimizer_config
@@ -79,20 +82,28 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     lr_at = optimizer_config(cfg).learning_rate()
     policy = None  # the samplers' parameters of this state (LoRA: merged once per update)
     guard = StepGuard(cfg.rl.max_bad_steps, cfg.rl.max_empty_steps)
+    collector = None  # rollout.max_staleness > 0: the background collector
     try:
         if start == 0 and cfg.eval.every and cfg.eval.at_start:  # the untrained model's scores
             policy = job.policy_params(state.params)
             history.append({"step": 0, **_evaluate(work, job, policy, 0, history)})
             logger.log(0, history[-1])
             _write_results(cfg, history, steps)
+        if cfg.rollout.max_staleness:
+            collector = _ahead_collector(job, work, state, start, steps)
         for step in range(start + 1, steps + 1):
             ckpt.check()  # an asynchronous save that failed stops the run before another step
             t0 = time.perf_counter()
-            policy = job.policy_params(state.params) if policy is None else policy
-            episodes, stats = work.collect(job, policy, step)
+            if collector is None:
+                policy = job.policy_params(state.params) if policy is None else policy
+                episodes, stats = work.collect(job, policy, step)
+            else:
+                episodes, stats = _collected(collector, step, cfg.rollout.max_staleness)
             t1 = time.perf_counter()
             policy = None  # LoRA's merged copy is not held through the update
             state, train_metrics = train_on(job, state, episodes)
+            if collector is not None:
+                collector.publish(job.policy_params(state.params), step)
             train_metrics["train/lr"] = float(lr_at(max(int(state.step) - 1, 0)))  # the step's last update's
             t2 = time.perf_counter()
             tokens = sum(allgather_json(sum(len(e.conversation) for e in episodes)))
@@ -102,7 +113,8 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
             evaluated = cfg.eval.every and step % cfg.eval.every == 0
             if evaluated:
                 policy = job.policy_params(state.params)
-                metrics.update(_evaluate(work, job, policy, step, history))
+                with collector.paused() if collector is not None else contextlib.nullcontext():
+                    metrics.update(_evaluate(work, job, policy, step, history))
             history.append(metrics)
             logger.log(step, metrics)
             guard.after_collect(step, episodes, sum(len(e.training_rows()) for e in episodes if e.failure is None))
@@ -110,7 +122,8 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
             if evaluated:
                 _write_results(cfg, history, steps)
             if step % cfg.checkpoint.every == 0 or step == steps:
-                ckpt.save(step, state, {"step": step, "workload": work.get_state(), "history": history,
+                workload_state = work.get_state() if collector is None else collector.workload_state(step)
+                ckpt.save(step, state, {"step": step, "workload": workload_state, "history": history,
                                         "config": cfg.to_dict()})
             if params_ckpt is not None and step % cfg.checkpoint.params_only_every == 0:
                 params_ckpt.save(step, {"params": state.params}, {"step": step, "config": cfg.to_dict()})
@@ -123,6 +136,8 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
         last = ckpt.last_complete_step()
         raise RunFailed(f"{e}; last checkpoint: {'none' if last is None else f'step {last}'} in {ckpt.directory}") from None
     finally:
+        if collector is not None:
+            collector.close()
         ckpt.close()
         if params_ckpt is not None:
             params_ckpt.close()
@@ -133,6 +148,24 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     if cfg.export.at_end and jax.process_index() == 0:
         result["export"] = export_at_end(cfg, steps)
     return result
+
+
+def _ahead_collector(job, work, state, start: int, steps: int) -> AheadCollector:
+    """rollout.max_staleness = k > 0: the collector of steps start + 1..steps, from the state's
+    policy (version `start`: on resume, collection restarts from the checkpoint's step)."""
+    if jax.process_count() > 1:
+        raise ValueError(f"rollout.max_staleness={job.cfg.rollout.max_staleness} runs on one process only "
+                         f"(have {jax.process_count()}): use 0 on several hosts")
+    return AheadCollector(work, job, job.policy_params(state.params), version=start,
+                          first_step=start + 1, last_step=steps, max_staleness=job.cfg.rollout.max_staleness)
+
+
+def _collected(collector: AheadCollector, step: int, max_staleness: int) -> tuple[list, dict]:
+    """Step `step`'s episodes from the collector, rows more than `max_staleness` versions
+    behind this step's policy (version step - 1) dropped, with the staleness metrics."""
+    episodes, stats, _, seconds = collector.next(step)
+    episodes, staleness = staleness_filter(episodes, step - 1, max_staleness)
+    return episodes, {**stats, **staleness, "time/collect_s": seconds}
 
 
 def _params_checkpointer(cfg, start: int) -> Checkpointer | None:
