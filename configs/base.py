@@ -26,6 +26,7 @@ def get_config() -> ConfigDict:
     c.mesh.fsdp = 1  # data parallel with sharded parameters and optimizer state
     c.mesh.tensor = 1  # tensor parallelism over heads / MLP / vocab
     c.mesh.devices = 0  # the first n devices only (0: all); one process only, e.g. to leave some free
+    c.mesh.rollout_devices = 0  # split the pod: the last n of the devices above sample (rollouts, evaluation), the others train; weights copied device to device after each update; one process only, pair with rollout.max_staleness >= 1 (0: every device does both, in turn)
 
     c.rl = ConfigDict()
     c.rl.algorithm = "grpo"  # grpo | dapo | gspo | drgrpo (jaxscaffold.rl.presets)
@@ -41,9 +42,14 @@ def get_config() -> ConfigDict:
     c.rl.minibatch_rows = 0  # rows per optimizer step: ceil(rows / this) near-equal mini-batches (the reference: 128 step rows); 0: rl.num_minibatches
     c.rl.recompute_old_logprobs = False  # True: the trainer recomputes the old log-probs before the updates (the reference, verl); False: the sampler's
     c.rl.tis_cap = 0.0  # truncated importance sampling: token loss x min(pi_trainer_old / pi_sampler, cap), e.g. 2 (Yao et al.); 0: off (needs recompute_old_logprobs)
+    c.rl.mis = "off"  # masked importance sampling: off | token | sequence: mask tokens (or whole rows, geometric-mean ratio) whose ratio pi / pi_sampler leaves [mis_lo, mis_hi]
+    c.rl.mis_lo = 0.5  # MIS: the lowest ratio kept
+    c.rl.mis_hi = 2.0  # MIS: the highest ratio kept
     c.rl.dynamic_sampling_exhausted = "continue"  # DAPO after max_num_gen_batches: continue (train on the groups collected, as the reference) | raise
     c.rl.overlong_buffer = 0  # DAPO's overlong length penalty over the last this-many tokens of a turn's budget (DAPO paper: e.g. 512); 0: off, as the reference's DAPO
     c.rl.group_stats = "trajectory"  # step-wise rows: a group's mean/std counts each trajectory once ("trajectory") or every step row ("row": verl-agent, the reference)
+    c.rl.max_bad_steps = 3  # consecutive steps whose update was skipped (non-finite loss or gradient) before the run stops (exit 1)
+    c.rl.max_empty_steps = 3  # consecutive steps where every episode failed or no row reached the loss before the run stops (exit 1)
 
     c.rollout = ConfigDict()
     c.rollout.tasks_per_step = 16  # distinct tasks (GRPO groups) per training step
@@ -57,6 +63,7 @@ def get_config() -> ConfigDict:
     c.rollout.representation = "trajectory"  # trajectory (one token sequence per episode) | stepwise (the reference code's rows)
     c.rollout.history_window = 2  # stepwise: (observation, action) steps shown in each rebuilt prompt
     c.rollout.sampler_devices = 0  # devices a host samples on, tensor parallel (0: all of its devices of the training mesh; 1: one device, unsharded on one process)
+    c.rollout.max_staleness = 0  # k > 0: a background collector samples up to k steps ahead of training (step t with the policy after step t - 1 - k); rows more than k versions old are dropped (0: on-policy, collect then train)
     c.rollout.max_rows_in_flight = 0  # sampler rows at once: the step's groups in waves of whole groups (0: all at once; a memory knob, the KV cache scales with it)
 
     c.envs = ConfigDict()

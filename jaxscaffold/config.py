@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import types
 import typing
 from typing import Any, Literal, Mapping, Sequence
@@ -49,6 +50,7 @@ class Mesh:
     fsdp: int
     tensor: int
     devices: int
+    rollout_devices: int = 0  # the last n of the run's devices sample, the others train (`job.split_devices`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +72,13 @@ class RL:
     dynamic_sampling_exhausted: Literal["continue", "raise"]
     overlong_buffer: int = 0  # DAPO overlong shaping buffer in tokens; 0: off (the reference)
     group_stats: Literal["trajectory", "row"] = "trajectory"  # what a group's statistics count
+    # A run that does not train stops (exit 1): consecutive skipped updates / steps with no row.
+    max_bad_steps: int = 3
+    max_empty_steps: int = 3
+    # Masked importance sampling of stale / mismatched tokens (`rl.losses.Correction`).
+    mis: Literal["off", "token", "sequence"] = "off"
+    mis_lo: float = 0.5
+    mis_hi: float = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +95,7 @@ class Rollout:
     history_window: int
     sampler_devices: int = 0  # a host's sampler mesh: its first n devices (0: all; `multihost.rollout_mesh`)
     max_rows_in_flight: int = 0  # a memory knob: the step's groups sampled in waves (`train.waves`)
+    max_staleness: int = 0  # k > 0: rollouts of the next k steps overlap training (`train.collector`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,6 +279,7 @@ def from_configdict(cd: ConfigDict | Mapping) -> RunConfig:
     """The typed, validated run config of an ml_collections config (or its plain dict form)."""
     d = cd.to_dict() if isinstance(cd, ConfigDict) else dict(cd)
     cfg = _build(RunConfig, d, "")
+    _check_finite(cfg)  # before the range checks: NaN passes every comparison
     validate(cfg)
     return cfg
 
@@ -416,6 +427,8 @@ def validate(cfg: RunConfig) -> None:
     _range("memory.hbm_gb", cfg.memory.hbm_gb, 0.0)
     if not cfg.model.hf_path:
         _one_of("model.preset", cfg.model.preset.lower(), ["tiny", *model_configs.PRESETS])
+        if cfg.model.preset.lower() == "tiny" and cfg.model.preset != "tiny":  # the build knows "tiny" alone
+            raise ConfigError(f"config.model.preset={cfg.model.preset!r}: write 'tiny' (lower case)")
     _check_vocabulary(cfg.model)
     f = cfg.feedback
     if f.schedule == "bandit":
@@ -433,6 +446,8 @@ def validate(cfg: RunConfig) -> None:
     _check_env_kwargs(cfg.envs.env_kwargs)
 
     _range("steps", cfg.steps, 1)
+    if not cfg.out_dir.strip():
+        raise ConfigError("config.out_dir is empty: name the run's directory (e.g. runs/my_run)")
     _range("mesh.devices", cfg.mesh.devices, 0)
     for axis in ("data", "fsdp", "tensor"):
         if getattr(cfg.mesh, axis) == 0 or getattr(cfg.mesh, axis) < -1:
@@ -447,6 +462,8 @@ def validate(cfg: RunConfig) -> None:
         _range(f"rl.{name}", getattr(r, name), 0)
     for name in ("ppo_epochs", "num_minibatches", "micro_batches"):
         _range(f"rl.{name}", getattr(r, name), 1)
+    _range("rl.max_bad_steps", r.max_bad_steps, 1)
+    _range("rl.max_empty_steps", r.max_empty_steps, 1)
     _check_update(r)
     c = cfg.rollout
     for name in ("tasks_per_step", "group_size", "max_turns", "max_new_tokens"):
@@ -454,6 +471,8 @@ def validate(cfg: RunConfig) -> None:
     _range("rollout.history_window", c.history_window, 0)
     _range("rollout.sampler_devices", c.sampler_devices, 0)
     _range("rollout.max_rows_in_flight", c.max_rows_in_flight, 0)
+    _range("rollout.max_staleness", c.max_staleness, 0)
+    _range("mesh.rollout_devices", cfg.mesh.rollout_devices, 0)
     if 0 < c.max_rows_in_flight < c.group_size:
         raise ConfigError(f"config.rollout.max_rows_in_flight={c.max_rows_in_flight} must be 0 (all rows at once) "
                           f"or at least rollout.group_size={c.group_size} (a wave holds whole groups)")
@@ -513,6 +532,9 @@ def _check_update(r: RL) -> None:
     if r.tis_cap and not r.recompute_old_logprobs:
         raise ConfigError(f"config.rl.tis_cap={r.tis_cap} weights by pi_trainer_old / pi_sampler: it needs "
                           "rl.recompute_old_logprobs=True")
+    _range("rl.mis_lo", r.mis_lo, 0.0)
+    if r.mis_hi <= r.mis_lo:
+        raise ConfigError(f"config.rl.mis_hi={r.mis_hi} must exceed rl.mis_lo={r.mis_lo} (MIS keeps ratios in [lo, hi])")
 
 
 def _check_run_ux(cfg: RunConfig) -> None:
@@ -583,11 +605,20 @@ def _one_of(path: str, value, allowed: Sequence) -> None:
 
 
 def _range(path: str, value, low, high=None, *, strict: bool = False) -> None:
-    """`low <= value <= high` (`low < value` when strict); `high` None: no upper bound."""
+    """`low <= value <= high` (`low < value` when strict); `high` None: no upper bound. NaN
+    is out of every range (it compares false with everything)."""
     below = value <= low if strict else value < low
-    if below or (high is not None and value > high):
+    if below or (high is not None and value > high) or value != value:
         bound = f"> {low}" if strict else f">= {low}"
         raise ConfigError(f"config.{path}={value!r} must be {bound}" + (f" and <= {high}" if high is not None else ""))
+
+
+def _check_finite(cfg: RunConfig) -> None:
+    """Every float field finite: NaN / inf would pass comparisons (a NaN learning rate trains a
+    NaN model; a NaN timeout turns a watchdog off)."""
+    for name, value in flat_fields(cfg.to_dict()).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"config.{name}={value!r} must be a finite number")
 
 
 def _check_tasks(path: str, spec: str, default_split: str) -> None:
@@ -678,18 +709,25 @@ def load_file(path: str) -> ConfigDict:
     if spec is None or spec.loader is None:
         raise ConfigError(f"{path} is not a Python config file")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise ConfigError(f"{path} defines no get_config()")
-    if variant is None:
-        cd = module.get_config()
-    else:
-        variants = list(getattr(module, "VARIANTS", ()))
-        if variant not in variants:
-            close = difflib.get_close_matches(variant, variants, n=1)
-            raise ConfigError(f"{path} has no variant {variant!r} (variants: {', '.join(variants) or 'none'})"
-                              + (f"; did you mean {close[0]}?" if close else ""))
-        cd = module.get_config(variant)
+    try:  # the user's own file: its error is one line naming it (and the line, for a syntax error)
+        spec.loader.exec_module(module)
+        if not hasattr(module, "get_config"):
+            raise ConfigError(f"{path} defines no get_config()")
+        if variant is None:
+            cd = module.get_config()
+        else:
+            variants = list(getattr(module, "VARIANTS", ()))
+            if variant not in variants:
+                close = difflib.get_close_matches(variant, variants, n=1)
+                raise ConfigError(f"{path} has no variant {variant!r} (variants: {', '.join(variants) or 'none'})"
+                                  + (f"; did you mean {close[0]}?" if close else ""))
+            cd = module.get_config(variant)
+    except ConfigError:
+        raise
+    except SyntaxError as e:
+        raise ConfigError(f"{path}:{e.lineno}: syntax error ({e.msg})") from None
+    except Exception as e:  # noqa: BLE001  whatever the file raises
+        raise ConfigError(f"{path} raised {type(e).__name__}: {e}") from None
     if not isinstance(cd, ConfigDict):
         raise ConfigError(f"{path}: get_config() returned a {type(cd).__name__}, not a ConfigDict")
     return cd

@@ -3,7 +3,10 @@
 The same entry point on a laptop CPU, a GPU and a TPU pod: configs are found by name in
 `configs/` or by path; `--config.<field>=<value>` overrides a field (parsed as its type). The
 config is checked before anything is built (`jaxscaffold.config`): a bad field or value is one
-line naming it and what it allows, exit code 2. Multi-host pods start JAX's multi-controller
+line naming it and what it allows, exit code 2 (bad input found once the run starts, e.g. an
+unreadable task file or checkpoint, likewise). A run that stops because it cannot train (no
+episode trains, non-finite updates) or cannot save is one line naming the cause and the last
+checkpoint, exit code 1. Multi-host pods start JAX's multi-controller
 runtime (`jax.distributed`) automatically.
 """
 
@@ -58,11 +61,18 @@ def main(argv: list[str]) -> None:
         from jaxscaffold.train.trainer import train
     else:  # world-model RL (RWML's stage 1)
         from jaxscaffold.train.workloads.world_model import train_world_model as train
+    from jaxscaffold.train.failures import RunFailed
     try:
+        if cfg.job != "rl":  # (the task-RL trainer runs these checks itself)
+            from jaxscaffold.train.startup import preflight
+            preflight(cfg)  # an unwritable out_dir, a broken tokenizer...: one line before the model is built
         result = train(cfg)
     except user_errors() as e:  # bad input found once the run starts: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except RunFailed as e:  # the run could not train or save: one line, and a failed exit
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
     hist = result["history"]
     if hist:
         last = hist[-1]

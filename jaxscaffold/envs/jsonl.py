@@ -9,9 +9,13 @@ Task spec: `jsonl:PATH[:N]`, PATH a `.jsonl` file (relative to the working direc
 `envs.train = "jsonl:data/train.jsonl"`, `envs.eval = "jsonl:data/test.jsonl:64"`. The env's
 options come through `envs.env_kwargs`, e.g. `'{"jsonl": {"reward": "myrewards:score"}}'`:
 
-  reward        "module:function", called as `function(answer, item) -> float` with the
-                model's answer (its reasoning removed) and the line's dict; default
-                `exact_match`. A line's own "reward" field overrides it.
+  reward        a registered reward's name (`exact_match`, `last_number`, or one that code
+                registered with `register_reward`), or "module:function" (the config is the
+                user's own code: importing the module also runs its `register_reward` calls);
+                called as `function(answer, item) -> float` with the model's answer (its
+                reasoning removed) and the line's dict; default `exact_match`. A line's own
+                "reward" field overrides it, and may only be a registered name: data never
+                names code to import (an unknown name is a one-line error when the file loads).
   success       the reward at which a task counts as solved (default 1.0)
   max_attempts  turns per episode: a reply below `success` is told "Not correct; try again."
                 until the attempts are spent (default 1: one answer, one reward)
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import math
 import os
 import re
@@ -38,6 +43,10 @@ NAME = "jsonl"
 SYSTEM_PROMPT = "You are a helpful assistant. Answer the question; give the final answer only."
 RETRY = "Not correct; try again."
 _MAX_ANSWER_CHARS = 10_000  # of the model's answer passed to a reward function
+MAX_PROMPT_CHARS = 1_000_000  # a task's prompt (about 250k tokens: more than any context)
+_NEED_ANSWER = ("exact_match", "last_number")  # the built-in rewards compare with the line's "answer"
+
+log = logging.getLogger(__name__)
 
 Reward = Callable[[str, dict], float]
 
@@ -73,13 +82,35 @@ def last_number(answer: str, item: dict) -> float:
     return float(math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-9))
 
 
-def resolve_reward(path: str) -> Reward:
-    """A reward function by name: `exact_match` / `last_number`, or "module:function"."""
-    if path in ("exact_match", "last_number"):
-        return globals()[path]
-    module, sep, attr = path.partition(":")
-    if not sep or not module or not attr:
-        raise ValueError(f"jsonl reward {path!r}: expected exact_match, last_number or 'module:function'")
+REWARDS: dict[str, Reward] = {"exact_match": exact_match, "last_number": last_number}
+
+
+def register_reward(name: str, fn: Reward) -> None:
+    """Makes `fn` a reward that a task line (`"reward": name`) or the config may name."""
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"jsonl reward name {name!r}: a non-empty name without ':'")
+    if not callable(fn):
+        raise ValueError(f"jsonl reward {name!r}: {fn!r} is not callable")
+    REWARDS[name] = fn
+
+
+def registered_reward(name: str) -> Reward:
+    """A registered reward by name (what a task line may name): a one-line error otherwise."""
+    fn = REWARDS.get(name) if isinstance(name, str) else None
+    if fn is None:
+        raise ValueError(f"jsonl reward {name!r} is not registered (registered: {', '.join(sorted(REWARDS))}; "
+                         "register yours with jaxscaffold.envs.jsonl.register_reward)")
+    return fn
+
+
+def config_reward(path: str) -> Reward:
+    """The config's reward (`env_kwargs` "reward"): a registered name, or "module:function" of
+    the user's own code. Never called with a task line's or the model's text."""
+    if ":" not in path:
+        return registered_reward(path)
+    module, _, attr = path.partition(":")
+    if not module or not attr:
+        raise ValueError(f"jsonl reward {path!r}: expected a registered name or 'module:function'")
     try:
         fn = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
@@ -109,7 +140,21 @@ def read_items(path: str) -> list[dict]:
                 raise ValueError(f"{path}:{number}: not JSON ({e.msg})") from None
             if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"].strip():
                 raise ValueError(f"{path}:{number}: each line needs a non-empty string \"prompt\"")
+            if len(item["prompt"]) > MAX_PROMPT_CHARS:  # refused before anything tokenises it
+                raise ValueError(f"{path}:{number}: a prompt of {len(item['prompt']):,} characters exceeds "
+                                 f"{MAX_PROMPT_CHARS:,} (beyond any context a run holds)")
+            if "reward" in item:  # a name of the registry, never code to import
+                try:
+                    registered_reward(item["reward"])
+                except ValueError as e:
+                    raise ValueError(f"{path}:{number}: {e}") from None
             items.append({"id": str(number), **item})
+    if not items:
+        raise ValueError(f"jsonl task file {path} holds no task (one JSON object a line)")
+    unanswered = [i["id"] for i in items if "answer" not in i and i.get("reward", "exact_match") in _NEED_ANSWER]
+    if unanswered:
+        log.warning("%s: %d of %d tasks have no \"answer\" (e.g. id %s): exact_match / last_number score them 0 "
+                    "unless the config's reward needs none", path, len(unanswered), len(items), unanswered[0])
     ids = [str(i["id"]) for i in items]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
@@ -135,7 +180,7 @@ class JsonlEnv:
                  system_prompt: str = SYSTEM_PROMPT):
         if max_attempts < 1:
             raise ValueError(f"jsonl max_attempts must be >= 1, got {max_attempts}")
-        self.default_reward, self.success = resolve_reward(reward), float(success)
+        self.default_reward, self.success = config_reward(reward), float(success)
         self.max_attempts, self.system_prompt = int(max_attempts), system_prompt
         self._item: dict | None = None
         self._reward: Reward | None = None
@@ -144,7 +189,7 @@ class JsonlEnv:
     def reset(self, task: Task) -> Observation:
         self._item = dict(task.spec["item"])
         own = self._item.get("reward")
-        self._reward = resolve_reward(own) if isinstance(own, str) else self.default_reward
+        self._reward = registered_reward(own) if own is not None else self.default_reward
         self._attempts, self._best = 0, 0.0
         return Observation(self._item["prompt"], privileged={"item": self._item}, system_prompt=self.system_prompt)
 

@@ -101,11 +101,11 @@ class ModelAgent:
             messages = [{"role": "system", "content": system}, {"role": "user", "content": seen.text}]
             ids = self.chat.render(messages, add_generation_prompt=True, enable_thinking=self.cfg.enable_thinking)
             if len(ids) + self.cfg.max_new_tokens > self.sampler.max_len - 1:
-                # Reported like an env failure (excluded from the batch, counted), never a silent 0.
-                log.warning("episode %d (%s): a first prompt of %d tokens leaves no room for %d new tokens in "
-                            "max_len %d", i, ep.task.task_id, len(ids), self.cfg.max_new_tokens,
-                            self.sampler.max_len)
-                failures[i] = f"context: first prompt of {len(ids)} tokens"
+                # Reported like an env failure (excluded from the batch, counted, and summarised
+                # in one line a step by the trainer), never a silent 0.
+                log.debug("episode %d (%s): first prompt of %d tokens", i, ep.task.task_id, len(ids))
+                failures[i] = (f"context: a first prompt of {len(ids)} tokens leaves no room for "
+                               f"{self.cfg.max_new_tokens} new tokens in max_len {self.sampler.max_len}")
                 continue
             prompts[i] = ids
         if prompts:

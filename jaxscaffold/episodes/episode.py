@@ -26,6 +26,12 @@ class Episode:
     # Step-wise representation: one conversation (rebuilt prompt + response) per model turn.
     rows: list[Conversation] = dataclasses.field(default_factory=list)
 
+    def record_version(self, version: int) -> None:
+        """Marks the tokens sampled since the last record, in every conversation of the episode,
+        as policy `version`'s (`Conversation.record_version`)."""
+        for conv in [self.conversation, *self.rows]:
+            conv.record_version(version)
+
     def training_rows(self) -> list[Conversation]:
         """The token rows this episode trains on: its step rows, or its one trajectory."""
         return self.rows or ([self.conversation] if len(self.conversation) else [])

@@ -29,6 +29,8 @@ from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules, check_divi
 
 log = logging.getLogger(__name__)
 
+_WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "float64")  # HF tensors loaded as parameters
+
 MAX_SHARD_BYTES = 5 * 1024**3
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -316,6 +318,10 @@ def load_pretrained(path: str, *, dtype: str = "float32", mesh=None,
                 raise CheckpointError(
                     f"{path}: tensor {name} has shape {list(infos[name].shape)}, "
                     f"config.json implies {list(hf_shape)}")
+            if infos[name].dtype.name not in _WEIGHT_DTYPES:
+                # An integer (or float8) tensor is quantised or not a weight: a cast would load garbage.
+                raise CheckpointError(f"{path}: tensor {name} is {infos[name].dtype.name} (a parameter is "
+                                      f"one of {', '.join(_WEIGHT_DTYPES)})")
         used.update(names)
         if mesh is not None:
             check_divisible(target.shape, sharding, "/".join(p.path))
@@ -336,7 +342,24 @@ def load_pretrained(path: str, *, dtype: str = "float32", mesh=None,
     unused = sorted(set(infos) - used - {"lm_head.weight"})
     if unused:
         log.warning("%s: %d tensors not used by the model, e.g. %s", path, len(unused), unused[:3])
+    bad = nonfinite_params(params)
+    if bad:
+        raise CheckpointError(f"{path}: non-finite values (NaN or inf) in {len(bad)} parameter(s), e.g. "
+                              f"{', '.join(bad[:3])}")
     return config, params
+
+
+def nonfinite_params(params) -> list[str]:
+    """The paths of the parameters holding a NaN or an infinity: one reduction per array on
+    its devices, one transfer of the flags."""
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    flags = jax.device_get(_finite_flags([x for _, x in leaves]))
+    return [jax.tree_util.keystr(p) for (p, _), ok in zip(leaves, flags) if not ok]
+
+
+@jax.jit
+def _finite_flags(arrays: list) -> jax.Array:
+    return jnp.stack([jnp.all(jnp.isfinite(x)) for x in arrays])
 
 
 def param_reader(directory: str, config: Qwen3Config):

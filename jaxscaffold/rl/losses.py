@@ -21,12 +21,17 @@ batch-wide counts (N, S). Pass `denominators=loss_denominators(mask_BT_of_full_b
 every micro-batch call and the sum of the micro-batch losses (and of their gradients) equals
 the full-batch loss exactly; without it the local counts are used (right for one micro-batch).
 
+Off-policy correction (`Correction`, the run's `rl.tis_cap` / `rl.mis*`): tokens sampled by an
+older policy version (bounded staleness) or by the sampler's numerics are weighted (TIS) or
+masked (MIS, `mis_keep`) by their importance ratio against the sampler.
+
 Metrics are built the same way, so the train step combines micro-batches with
 `merge_metrics` (a sum for every entry except `ratio_min` / `ratio_max`, which take min / max).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -35,10 +40,63 @@ import jax.numpy as jnp
 LOSS_MODES = ("ppo", "gspo")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+MIS_MODES = ("off", "token", "sequence")
 
 LOG_RATIO_CLAMP = 20.0  # PPO: exp of a larger log-ratio overflows and only adds noise
 GSPO_LOG_RATIO_MAX = 10.0  # GSPO: upper clamp of the token log-ratio before exp, as verl
 K3_VALUE_CLAMP = 10.0  # k3: verl's low_var_kl clamps the estimate to [-10, 10]
+
+
+@dataclasses.dataclass(frozen=True)
+class Correction:
+    """The off-policy correction of tokens sampled by an older policy (a stale version, or the
+    sampler's numerics): the run's `rl.tis_cap`, `rl.mis`, `rl.mis_lo`, `rl.mis_hi`.
+
+    tis_cap: truncated importance sampling, token loss x min(pi_old / pi_sampler, cap) (0: off;
+      the weights come with the recomputed old log-probs, `train_step.make_old_logprob_step`).
+    mis: masked importance sampling ("off" | "token" | "sequence", `mis_keep`): the loss of a
+      token (or of every token of a row) whose importance ratio pi / pi_sampler leaves
+      [mis_lo, mis_hi] is masked (weight 0, still counted in the aggregation's denominators).
+    """
+
+    tis_cap: float = 0.0
+    mis: str = "off"
+    mis_lo: float = 0.5
+    mis_hi: float = 2.0
+
+    def __post_init__(self):
+        if self.mis not in MIS_MODES:
+            raise ValueError(f"unknown mis {self.mis!r}; expected one of {MIS_MODES}")
+        if self.tis_cap < 0:
+            raise ValueError(f"tis_cap must be >= 0 (0: off), got {self.tis_cap}")
+        if not 0.0 <= self.mis_lo < self.mis_hi:
+            raise ValueError(f"MIS needs 0 <= mis_lo < mis_hi, got [{self.mis_lo}, {self.mis_hi}]")
+
+
+NO_CORRECTION = Correction()
+
+
+def mis_keep(log_ratio_BT, mask_BT, mode: str, lo: float, hi: float):
+    """1.0 where masked importance sampling keeps a token, 0.0 where it masks it (and on padding).
+
+    token:    a token is kept when its ratio exp(log_ratio) lies in [lo, hi];
+    sequence: every token of a row is kept when the row's ratio lies in [lo, hi], the row's
+              ratio being the geometric mean of its tokens' ratios (exp of the mean log-ratio
+              over its valid tokens, GSPO's sequence ratio): a product over thousands of
+              tokens would leave any fixed band.
+    "off" keeps every valid token. The log-ratio is clamped at +-20 (`LOG_RATIO_CLAMP`) first.
+    """
+    if mode not in MIS_MODES:
+        raise ValueError(f"unknown mis {mode!r}; expected one of {MIS_MODES}")
+    valid = jnp.asarray(mask_BT).astype(bool)
+    lr_BT = jnp.where(valid, jnp.clip(jnp.asarray(log_ratio_BT, jnp.float32), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), 0.0)
+    if mode == "off":
+        return valid.astype(jnp.float32)
+    if mode == "sequence":
+        lr_B = lr_BT.sum(-1) / jnp.maximum(valid.sum(-1), 1)
+        lr_BT = jnp.broadcast_to(lr_B[:, None], lr_BT.shape)
+    ratio_BT = jnp.exp(lr_BT)
+    return (valid & (ratio_BT >= lo) & (ratio_BT <= hi)).astype(jnp.float32)
 
 
 def loss_denominators(mask_BT) -> dict:
@@ -177,6 +235,8 @@ def policy_loss(
     entropy_coef: float = 0.0,
     denominators=None,
     tis_weight_BT=None,
+    correction: Correction = NO_CORRECTION,
+    sampler_logp_BT=None,
 ):
     """The clipped policy loss of one (micro-)batch and its metrics: (loss, metrics).
 
@@ -195,6 +255,12 @@ def policy_loss(
       denominators: `loss_denominators` of the full batch for exact gradient accumulation.
       tis_weight_BT: truncated importance-sampling weights (`rl.mismatch.tis_weights`), each
         token's surrogate loss multiplied by its weight (a constant: no gradient); None = off.
+      correction: the run's `Correction`; with `correction.mis` on, the surrogate loss of the
+        tokens `mis_keep` masks is zeroed. Its ratio is pi_old / pi_sampler with
+        `sampler_logp_BT` (old log-probs recomputed by the trainer, decoupled as TIS), else
+        the current policy's against `old_logp_BT` (the sampler's, of the version that sampled),
+        without gradient either way.
+      sampler_logp_BT: the sampler's log-probs when `old_logp_BT` are the trainer's.
 
     Metrics (scalars; token means over valid tokens with the same denominators, so summing
     micro-batch metrics gives the full-batch value, see `merge_metrics`):
@@ -204,7 +270,9 @@ def policy_loss(
       (r - 1) - log r with the per-token ratio, unbiased under rollout samples, >= 0),
       ratio_mean, ratio_min, ratio_max (ratio used by the loss: per token for ppo, per
       sequence for gspo), kl (with a reference: token mean of the estimator), entropy (if given),
-      tis_weight_mean (with TIS weights: their token mean).
+      tis_weight_mean (with TIS weights: their token mean); with MIS on: is_ratio_mean,
+      is_ratio_min, is_ratio_max (the ratio MIS tests, per token) and mis_masked (the share of
+      valid tokens masked).
     """
     if denominators is None:
         denominators = loss_denominators(mask_BT)
@@ -229,6 +297,20 @@ def policy_loss(
         tis_weight_BT = jax.lax.stop_gradient(_masked(tis_weight_BT, valid, dtype))
         loss_BT = loss_BT * tis_weight_BT
         metrics["tis_weight_mean"] = token_mean(tis_weight_BT)
+    if correction.mis != "off":
+        sg = jax.lax.stop_gradient
+        if sampler_logp_BT is None:
+            is_log_ratio_BT = sg(logp_BT) - old_logp_BT
+        else:
+            is_log_ratio_BT = old_logp_BT - _masked(sampler_logp_BT, valid, dtype)
+        is_log_ratio_BT = sg(jnp.clip(is_log_ratio_BT, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        keep_BT = mis_keep(is_log_ratio_BT, valid, correction.mis, correction.mis_lo, correction.mis_hi)
+        loss_BT = loss_BT * keep_BT.astype(dtype)
+        is_ratio_BT = jnp.exp(is_log_ratio_BT)
+        metrics.update(is_ratio_mean=token_mean(is_ratio_BT),
+                       is_ratio_min=jnp.min(jnp.where(valid, is_ratio_BT, jnp.inf)),
+                       is_ratio_max=jnp.max(jnp.where(valid, is_ratio_BT, -jnp.inf)),
+                       mis_masked=token_mean(1.0 - keep_BT.astype(dtype)))
     pg_loss = agg_fn(loss_BT)
     loss = pg_loss
     if ref_logp_BT is not None:
@@ -266,9 +348,10 @@ def policy_loss(
 def merge_metrics(metrics_list):
     """Combines per-micro-batch metrics computed with the full batch's `denominators`.
 
-    Everything is a sum over micro-batches except ratio_min / ratio_max (min / max).
+    Everything is a sum over micro-batches except the ratios' min / max.
     """
-    reducers = {"ratio_min": jnp.minimum, "ratio_max": jnp.maximum}
+    reducers = {"ratio_min": jnp.minimum, "ratio_max": jnp.maximum,
+                "is_ratio_min": jnp.minimum, "is_ratio_max": jnp.maximum}
     merged = dict(metrics_list[0])
     for metrics in metrics_list[1:]:
         for k, v in metrics.items():

@@ -8,6 +8,7 @@ A batch is a dict of arrays (all rows of one optimizer step):
   adv_B          f32     advantage of each row (spread uniformly over its tokens)
 and optionally
   tis_weight_BT  f32     truncated importance-sampling weights (`make_old_logprob_step` adds them)
+  sampler_logp_BT f32    the sampler's log-probs beside recomputed old ones (MIS, `rl.mis`)
 
 The batch is split into `num_micro_batches` micro-batches whose gradients are summed inside
 the jitted step. Every loss term is divided by the *full batch's* token / sequence counts
@@ -40,14 +41,16 @@ from jaxscaffold.models.qwen3 import param_shapes, param_shardings
 from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules
 from jaxscaffold.rl.logprobs import masked_token_logprobs, token_logprobs
 from jaxscaffold.rl import mismatch
-from jaxscaffold.rl.losses import loss_denominators, policy_loss
+from jaxscaffold.rl.losses import NO_CORRECTION, Correction, loss_denominators, policy_loss
 from jaxscaffold.rl.presets import AlgorithmConfig
 
 BATCH_AXES = {
     "tokens_BT": ("batch", "seq"), "segment_ids_BT": ("batch", "seq"), "loss_mask_BT": ("batch", "seq"),
     "old_logp_BT": ("batch", "seq"), "adv_B": ("batch",),
 }
-OPTIONAL_BATCH_AXES = {"tis_weight_BT": ("batch", "seq")}  # entries a batch may add
+# Entries a batch may add: TIS weights, and the sampler's log-probs where MIS needs them next to
+# the recomputed old ones (`make_old_logprob_step`).
+OPTIONAL_BATCH_AXES = {"tis_weight_BT": ("batch", "seq"), "sampler_logp_BT": ("batch", "seq")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +139,8 @@ Optimizer = optax.GradientTransformation | OptimizerConfig
 def make_train_step(model_config: Qwen3Config, algo: AlgorithmConfig, optimizer: Optimizer,
                     *, num_micro_batches: int = 1, agg_constant: float | None = None, logprob_chunk: int | None = None,
                     mesh=None, rules: ShardingRules = DEFAULT_RULES, with_reference: bool = False,
-                    score_masked_only: bool = True, backend=None, lora: lora_lib.LoraConfig | None = None) -> Callable:
+                    score_masked_only: bool = True, backend=None, lora: lora_lib.LoraConfig | None = None,
+                    correction: Correction = NO_CORRECTION) -> Callable:
     """Builds `train_step(state, batch[, ref_params]) -> (state, metrics)`, jitted.
 
     `optimizer`: an optax transformation, or an `OptimizerConfig` (the same transformation as
@@ -160,7 +164,7 @@ def make_train_step(model_config: Qwen3Config, algo: AlgorithmConfig, optimizer:
     """
     if algo.kl_coef and not with_reference:
         raise ValueError(f"{algo.name}: kl_coef={algo.kl_coef} needs with_reference=True (frozen reference params)")
-    return _train_step(_Step(model_config, PolicyObjective(algo, agg_constant, logprob_chunk), optimizer,
+    return _train_step(_Step(model_config, PolicyObjective(algo, agg_constant, logprob_chunk, correction), optimizer,
                              num_micro_batches, mesh, rules, with_reference, backend or backends.current(), lora),
                        score_masked_only)
 
@@ -196,6 +200,7 @@ class PolicyObjective:
     algo: AlgorithmConfig
     agg_constant: float | None = None
     logprob_chunk: int | None = None
+    correction: Correction = NO_CORRECTION  # MIS (`losses.Correction`; TIS weights come in the batch)
 
     def __call__(self, config, params, mb, denominators, ref_params, num_positions):
         logp, entropy = _logprobs(params, config, mb, num_positions, self.logprob_chunk)
@@ -204,7 +209,8 @@ class PolicyObjective:
             ref_logp = jax.lax.stop_gradient(_logprobs(ref_params, config, mb, num_positions, self.logprob_chunk)[0])
         loss, metrics = policy_loss(logp, mb["old_logp_BT"], mb["adv_B"], mb["loss_mask_BT"], ref_logp_BT=ref_logp,
                                     entropy_BT=entropy, agg_constant=self.agg_constant, denominators=denominators,
-                                    tis_weight_BT=mb.get("tis_weight_BT"), **self.algo.loss_kwargs())
+                                    tis_weight_BT=mb.get("tis_weight_BT"), correction=self.correction,
+                                    sampler_logp_BT=mb.get("sampler_logp_BT"), **self.algo.loss_kwargs())
         # The current policy against the batch's old log-probs: at a rollout batch's first
         # optimizer step (no update yet) and with the sampler's log-probs, the mismatch.
         metrics.update(mismatch.mismatch_metrics(logp, mb["old_logp_BT"], mb["loss_mask_BT"],
@@ -355,8 +361,10 @@ def _train_step(step: _Step, score_masked_only: bool) -> Callable:
     return train_step
 
 
-_MERGE = {"ratio_min": jnp.minimum, "ratio_max": jnp.maximum, **mismatch.MERGE}  # every other metric is a sum
-_EMPTY = {"ratio_min": jnp.inf, "ratio_max": -jnp.inf, **mismatch.EMPTY}  # what the merge starts from (else 0)
+_MERGE = {"ratio_min": jnp.minimum, "ratio_max": jnp.maximum, "is_ratio_min": jnp.minimum,
+          "is_ratio_max": jnp.maximum, **mismatch.MERGE}  # every other metric is a sum
+_EMPTY = {"ratio_min": jnp.inf, "ratio_max": -jnp.inf, "is_ratio_min": jnp.inf, "is_ratio_max": -jnp.inf,
+          **mismatch.EMPTY}  # what the merge starts from (else 0)
 
 
 # ----------------------------------------------------------------------------- old log-probs
@@ -368,6 +376,7 @@ class _Recompute:
 
     model_config: Qwen3Config
     tis_cap: float
+    keep_sampler_logp: bool  # MIS on recomputed old log-probs tests pi_old / pi_sampler
     num_micro_batches: int
     logprob_chunk: int | None
     mesh: Any
@@ -377,7 +386,8 @@ class _Recompute:
 
 def make_old_logprob_step(model_config: Qwen3Config, *, tis_cap: float = 0.0, num_micro_batches: int = 1,
                           logprob_chunk: int | None = None, mesh=None, rules: ShardingRules = DEFAULT_RULES,
-                          score_masked_only: bool = True, backend=None) -> Callable:
+                          score_masked_only: bool = True, backend=None,
+                          correction: Correction | None = None) -> Callable:
     """Builds `recompute(params, batch) -> (batch, metrics)`, jitted (programs memoised, so
     building it every step compiles nothing again).
 
@@ -386,13 +396,14 @@ def make_old_logprob_step(model_config: Qwen3Config, *, tis_cap: float = 0.0, nu
     denominator, as verl's actor recomputes them); `metrics` are the sampler/trainer
     `rl.mismatch` metrics of the batch's trained tokens and their count (`tokens`). With
     `tis_cap` > 0 the batch gains `tis_weight_BT` = min(pi_trainer / pi_sampler, tis_cap).
+    `correction` (a `losses.Correction`, the run's; it replaces `tis_cap`): with MIS on, the
+    batch also keeps the sampler's log-probs (`sampler_logp_BT`) for the loss's mask.
     Micro-batching, sharding, the scored positions and `backend` are as in `make_train_step`
     (pass the same, and the two compute the same log-probs).
     """
-    if tis_cap < 0:
-        raise ValueError(f"tis_cap must be >= 0 (0: off), got {tis_cap}")
-    rc = _Recompute(model_config, float(tis_cap), num_micro_batches, logprob_chunk, mesh, rules,
-                    backend or backends.current())
+    correction = Correction(tis_cap=tis_cap) if correction is None else correction
+    rc = _Recompute(model_config, float(correction.tis_cap), correction.mis != "off", num_micro_batches,
+                    logprob_chunk, mesh, rules, backend or backends.current())
 
     def recompute(params, batch):
         return _recompute_program(rc, _scored_positions(batch, score_masked_only))(params, batch)
@@ -418,6 +429,8 @@ def _recompute(rc: _Recompute, num_positions, params, batch):
     out = dict(batch, old_logp_BT=logp)
     if rc.tis_cap > 0:
         out["tis_weight_BT"] = mismatch.tis_weights(logp, sampler, mask, rc.tis_cap)
+    if rc.keep_sampler_logp:
+        out["sampler_logp_BT"] = sampler
     return out, metrics
 
 
@@ -425,7 +438,8 @@ def _recompute(rc: _Recompute, num_positions, params, batch):
 def _recompute_program(rc: _Recompute, num_positions: int | None):
     shardings = {}
     if rc.mesh is not None:
-        keys_out = tuple(BATCH_AXES) + (("tis_weight_BT",) if rc.tis_cap > 0 else ())
+        keys_out = (tuple(BATCH_AXES) + (("tis_weight_BT",) if rc.tis_cap > 0 else ())
+                    + (("sampler_logp_BT",) if rc.keep_sampler_logp else ()))
         p_sh = param_shardings(rc.model_config, rc.mesh, rc.rules)
         shardings = dict(in_shardings=(p_sh, batch_shardings(rc.mesh, rc.rules)),
                          out_shardings=(batch_shardings(rc.mesh, rc.rules, keys_out),

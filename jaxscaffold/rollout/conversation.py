@@ -22,12 +22,26 @@ from jaxscaffold.rollout.engine import Generation, Sampler, SamplerState
 
 @dataclasses.dataclass
 class Conversation:
-    """Token ids with an aligned assistant mask and policy logprobs."""
+    """Token ids with an aligned assistant mask and policy logprobs (and, once recorded, the
+    policy version that sampled each token)."""
 
     ids: list[int] = dataclasses.field(default_factory=list)
     assistant_mask: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     finish_reasons: list[str] = dataclasses.field(default_factory=list)
+    # Per token, the policy version (updates applied) that sampled it, -1 on context tokens;
+    # a prefix of the ids: `record_version` covers the tokens added since its last call.
+    versions: list[int] = dataclasses.field(default_factory=list)
+
+    def record_version(self, version: int) -> None:
+        """Marks the tokens added since the last call as sampled by policy `version` (context
+        tokens -1). Call it whenever the weights change (and at the end of an episode), so a
+        conversation continued under newer weights keeps each token's own version."""
+        self.versions.extend(version if m else -1 for m in self.assistant_mask[len(self.versions):])
+
+    def sampled_versions(self) -> list[int]:
+        """The recorded versions of the sampled tokens (empty: none recorded)."""
+        return [v for v, m in zip(self.versions, self.assistant_mask) if m]
 
     def add_context(self, ids: Sequence[int]) -> None:
         self.ids.extend(int(i) for i in ids)
@@ -44,9 +58,12 @@ class Conversation:
         return len(self.ids)
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {"ids": np.asarray(self.ids, np.int32),
-                "assistant_mask": np.asarray(self.assistant_mask, np.int32),
-                "logprobs": np.asarray(self.logprobs, np.float32)}
+        out = {"ids": np.asarray(self.ids, np.int32),
+               "assistant_mask": np.asarray(self.assistant_mask, np.int32),
+               "logprobs": np.asarray(self.logprobs, np.float32)}
+        if self.versions:  # recorded: aligned with the ids (-1 past the last record)
+            out["versions"] = np.asarray(self.versions + [-1] * (len(self.ids) - len(self.versions)), np.int32)
+        return out
 
 
 class MultiTurn:

@@ -19,8 +19,8 @@ from jaxscaffold.models.sharding import make_mesh, maybe_initialize_distributed
 from jaxscaffold.models.tokenizer import load_tokenizer
 from jaxscaffold.rl.train_step import init_train_state, state_shardings
 from jaxscaffold.rollout.engine import Sampler
-from jaxscaffold.train.job_spec import (JobSpec, base_dtype, lora_config, model_config,  # noqa: F401 (for callers)
-                                        optimizer_config)
+from jaxscaffold.train.job_spec import (JobSpec, base_dtype, correction, lora_config,  # noqa: F401 (for callers)
+                                        model_config, optimizer_config)
 from jaxscaffold.train.vocabularies import word_tokenizer
 
 
@@ -85,6 +85,19 @@ def mesh_devices(cfg) -> list | None:
     return jax.devices()[:n]
 
 
+def split_devices(cfg) -> tuple[list | None, list | None]:
+    """(the training mesh's devices, the samplers' devices): `mesh_devices` and None, or with
+    `mesh.rollout_devices = r` the run's devices split, the last r sampling, the others training."""
+    r = cfg.mesh.rollout_devices
+    if not r:
+        return mesh_devices(cfg), None
+    devices = mesh_devices(cfg) or jax.devices()
+    if jax.process_count() > 1 or not 0 < r < len(devices):
+        raise ValueError(f"config.mesh.rollout_devices={r}: a split needs 1 <= n < {len(devices)} (the run's "
+                         f"devices) and one process (have {jax.process_count()})")
+    return devices[:-r], devices[-r:]
+
+
 def build_job(cfg) -> tuple[Job, Any]:
     """The `Job` of `cfg` and the initial train state (parameters and optimizer state, sharded
     over the mesh): `JobSpec.from_config(cfg)` materialized. Starts JAX's multi-controller
@@ -92,7 +105,8 @@ def build_job(cfg) -> tuple[Job, Any]:
     maybe_initialize_distributed()
     cfg = config_lib.typed(cfg)
     spec = JobSpec.from_config(cfg)
-    mesh = make_mesh(spec.mesh, mesh_devices(cfg))
+    train_devices, rollout_devices = split_devices(cfg)
+    mesh = make_mesh(spec.mesh, train_devices)
     model_config, params = build_model(cfg, mesh)
     # The checkpoint's tensors can refine what its config.json says (a Qwen3Model saved without
     # the "model." prefix is an embedding model): the loaded config is the one that runs.
@@ -110,8 +124,9 @@ def build_job(cfg) -> tuple[Job, Any]:
     # The reference is a copy (the state's parameters are donated to each step).
     ref_params = jax.tree.map(jnp.copy, params) if spec.reference_copy else None
     state = jax.device_put(init_train_state(params, opt), shardings)
-    # On several processes each samples on its own devices (tensor parallel; `rollout_mesh`).
-    sampler_mesh, sampler_rules = spec.rollout_mesh(mesh)
+    # On several processes each samples on its own devices (tensor parallel; `rollout_mesh`); a
+    # split pod on its rollout devices.
+    sampler_mesh, sampler_rules = spec.rollout_mesh(mesh, rollout_devices)
     sampler = spec.sampler.build(model_config, mesh=sampler_mesh, rules=sampler_rules, stop_ids=tokenizer.eos_ids)
     eval_sampler = spec.eval_sampler.build(model_config, mesh=sampler_mesh, rules=sampler_rules,
                                            stop_ids=tokenizer.eos_ids)

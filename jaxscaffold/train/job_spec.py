@@ -20,8 +20,10 @@ from jaxscaffold.config import RunConfig
 from jaxscaffold.models import config as model_config_lib
 from jaxscaffold.models import hf_io, qwen3
 from jaxscaffold.models import lora as lora_lib
+from jaxscaffold.models.local_mesh import local_mesh, local_rules
 from jaxscaffold.models.sharding import MeshConfig
 from jaxscaffold.models.word_tokenizer import padded_vocab_size
+from jaxscaffold.rl.losses import Correction
 from jaxscaffold.rl.presets import AlgorithmConfig, preset
 from jaxscaffold.rl.train_step import OptimizerConfig, make_train_step
 from jaxscaffold.rollout.engine import Sampler
@@ -73,6 +75,12 @@ def optimizer_config(cfg: RunConfig) -> OptimizerConfig:
     return OptimizerConfig(lr=r.lr, weight_decay=r.weight_decay, grad_clip=r.grad_clip, warmup_steps=r.warmup_steps)
 
 
+def correction(cfg: RunConfig) -> Correction:
+    """The run's off-policy correction of sampled tokens (TIS, MIS: `rl.losses.Correction`)."""
+    r = cfg.rl
+    return Correction(tis_cap=r.tis_cap, mis=r.mis, mis_lo=r.mis_lo, mis_hi=r.mis_hi)
+
+
 def algorithm_config(cfg: RunConfig) -> AlgorithmConfig:
     """The run's algorithm: its preset with the config's coefficients. The run, not the preset,
     sets DAPO's overlong shaping (rl.overlong_buffer, 0: off)."""
@@ -106,11 +114,13 @@ class JobSpec:
     model: model_config_lib.Qwen3Config
     optimizer: OptimizerConfig
     algo: AlgorithmConfig
+    correction: Correction  # off-policy correction of sampled tokens (TIS, MIS)
     lora: lora_lib.LoraConfig | None  # None: full fine-tuning
     adapter_dtype: str  # LoRA: the adapters' (trained) dtype; the base is in `model.param_dtype`
     micro_batches: int
     agg_constant: float  # the loss's token normaliser: a step's longest possible trained tokens
     sampler_devices: int  # a process's sampler mesh: its first n devices (0: all; `multihost.rollout_mesh`)
+    rollout_devices: int  # a split pod: the last n devices only sample (0: the training devices sample)
     sampler: SamplerSpec  # training rollouts
     eval_sampler: SamplerSpec  # greedy evaluation
     seed: int
@@ -129,9 +139,9 @@ class JobSpec:
         return cls(
             mesh=MeshConfig(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor), mesh_devices=cfg.mesh.devices,
             model=model_config(cfg), optimizer=optimizer_config(cfg), algo=algorithm_config(cfg),
-            lora=lora_config(cfg.lora), adapter_dtype=cfg.model.param_dtype, micro_batches=cfg.rl.micro_batches,
+            correction=correction(cfg), lora=lora_config(cfg.lora), adapter_dtype=cfg.model.param_dtype, micro_batches=cfg.rl.micro_batches,
             agg_constant=float(c.max_new_tokens * c.max_turns), sampler_devices=c.sampler_devices,
-            sampler=SamplerSpec(rows, c.max_len, SamplingConfig(temperature=c.temperature, top_p=c.top_p), cache),
+            rollout_devices=cfg.mesh.rollout_devices, sampler=SamplerSpec(rows, c.max_len, SamplingConfig(temperature=c.temperature, top_p=c.top_p), cache),
             eval_sampler=SamplerSpec(eval_rows, e.max_len or c.max_len, GREEDY, cache), seed=cfg.seed)
 
     @property
@@ -158,10 +168,14 @@ class JobSpec:
         # The config (not an optax object) names the optimizer: equal specs share the compiled step.
         return make_train_step(self.model, self.algo, self.optimizer, num_micro_batches=self.micro_batches,
                                mesh=mesh, agg_constant=self.agg_constant, with_reference=self.with_reference,
-                               backend=backend, lora=self.lora)
+                               backend=backend, lora=self.lora, correction=self.correction)
 
-    def rollout_mesh(self, train_mesh) -> tuple:
-        """(mesh, rules) the samplers run on, given the training mesh (`multihost.rollout_mesh`)."""
+    def rollout_mesh(self, train_mesh, rollout_devices: list | None = None) -> tuple:
+        """(mesh, rules) the samplers run on: this process's devices of the training mesh
+        (`multihost.rollout_mesh`), or a split pod's `rollout_devices`, tensor parallel."""
+        if rollout_devices:
+            mesh = local_mesh(rollout_devices)
+            return mesh, local_rules(self.model, mesh.shape["tensor"])
         return rollout_mesh(self.model, train_mesh, devices=self.sampler_devices)
 
     def row_multiple(self, mesh) -> int:

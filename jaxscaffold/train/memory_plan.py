@@ -11,7 +11,11 @@ measures, per device:
                                its copy of the weights in the compute dtype.
 Nothing is allocated: parameters are `jax.eval_shape`d and programs lowered for abstract
 arguments. The training state stays resident while rollouts run, so the peak is the larger of
-the train phase (state + step temporaries) and the rollout phase (state + sampler).
+the train phase (state + step temporaries) and the rollout phase (state + sampler). With
+`rollout.max_staleness` k > 0 the phases overlap on shared devices (their sum, plus the k
+published copies of the policy the collector holds); with `mesh.rollout_devices` r > 0 the
+training devices hold the train phase and the r rollout devices the sampler (and the copies),
+each part planned on its own devices (`peak`: the larger of the two).
 
 The programs are the accelerator backend's (`backends.accelerator`: stacked weights, autodiff,
 a plain cache), whatever machine plans them. XLA:CPU's buffer assignment stands in for the
@@ -55,6 +59,8 @@ class MemoryPlan:
     kv_cache: int
     notes: tuple[str, ...] = ()
     frozen_base: int = 0  # LoRA: the frozen base weights (params, opt_state, grads: the adapters')
+    rollout_devices: int = 0  # a split pod: devices that only sample (`mesh.rollout_devices`)
+    published: int = 0  # rollout.max_staleness > 0: the policy copies the collector holds
 
     @property
     def state(self) -> int:
@@ -62,11 +68,18 @@ class MemoryPlan:
 
     @property
     def train_peak(self) -> int:
-        return self.state + self.grads + (self.activations or 0)
+        """Of a training device (on shared devices with staleness, with the rollouts overlapping)."""
+        update = self.state + self.grads + (self.activations or 0)
+        if self.published and not self.rollout_devices:  # overlapped: the sampler's part at once
+            return update + self.sampler_weights + self.kv_cache + self.published
+        return update
 
     @property
     def rollout_peak(self) -> int:
-        return self.state + self.sampler_weights + self.kv_cache
+        """Of a device while it samples (a split pod's rollout device holds no training state)."""
+        if self.rollout_devices:
+            return self.sampler_weights + self.kv_cache + self.published
+        return self.state + self.sampler_weights + self.kv_cache + self.published
 
     @property
     def peak(self) -> int:
@@ -114,8 +127,10 @@ class MemoryPlan:
                 ("activations (train step temporaries)", self.activations),
                 ("KL reference parameters", self.reference), ("LoRA frozen base", self.frozen_base),
                 ("sampler weights", self.sampler_weights),
-                ("KV cache", self.kv_cache), ("peak, train phase", self.train_peak),
-                ("peak, rollout phase", self.rollout_peak)]
+                ("KV cache", self.kv_cache), ("published policy copies (staleness)", self.published),
+                ("peak, train phase" + (" (training devices)" if self.rollout_devices else ""), self.train_peak),
+                ("peak, rollout phase" + (f" ({self.rollout_devices} rollout devices)" if self.rollout_devices else ""),
+                 self.rollout_peak)]
         lines = [f"{name:<40} {'not compiled' if b is None else f'{b / GB:9.2f} GB'}" for name, b in rows]
         verdict = "fits" if self.fits() else "does NOT fit"
         lines.append(f"{'device memory':<40} {self.hbm_bytes / GB:9.2f} GB: {verdict}")
@@ -159,7 +174,11 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
     Everything but the batch's shape comes from `JobSpec.from_config(cfg)`, as `build_job`'s does."""
     devices = list(jax.devices() if devices is None else devices)
     spec = JobSpec.from_config(cfg)
-    mesh = make_mesh(spec.mesh, devices)
+    split = spec.rollout_devices
+    if split and not 0 < split < len(devices):
+        raise ValueError(f"config.mesh.rollout_devices={split} leaves none of the {len(devices)} devices to train")
+    rollout_part = devices[len(devices) - split:] if split else None
+    mesh = make_mesh(spec.mesh, devices[:len(devices) - split])
     config = spec.model
     optimizer = spec.optimizer.make()
     param_shapes = qwen3.param_shapes(config)
@@ -204,7 +223,8 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
     grads = params
 
     # The sampler: rows of this process's share of the groups, its cache as it is built.
-    local, local_rules = spec.rollout_mesh(mesh)  # each process samples on its own devices
+    # A split pod samples on its rollout devices (`job.split_devices`); else each process on its own.
+    local, local_rules = spec.rollout_mesh(mesh, rollout_part)
     sampler = spec.sampler.build(config, mesh=local, rules=local_rules, layout="stacked")
     cache = jax.eval_shape(sampler.init_state)
     cache_sh = sampler.programs.state_shardings()
@@ -225,5 +245,17 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
                                             base_sh["layers"][t]) for t in lora.targets)
         notes.append(f"LoRA rank {lora.rank}: the samplers decode with the base merged with the adapters "
                      "(a copy of the adapted matrices, made once per update)")
+    # The collector's copies of the policy: while it samples with version t - 1 - k the trainer
+    # publishes up to version t - 1, so k + 1 at most; on a split pod they are the sampler's
+    # weights (one counted above), else full copies on the training devices.
+    policy = _shard_bytes(param_shapes, base_sh)
+    c = cfg.rollout
+    published = c.max_staleness * sampler_weights if rollout_part else (c.max_staleness + 1) * policy
+    published = published if c.max_staleness else 0
+    if split:
+        notes.append(f"a split pod: {len(devices) - split} devices train, {split} sample")
+    if c.max_staleness:
+        notes.append(f"rollout.max_staleness={c.max_staleness}: up to {c.max_staleness + 1} policy copies held for the collector"
+                     + ("" if split else "; rollouts overlap the update on the same devices"))
     return MemoryPlan(len(devices), hbm_bytes, params, opt_state, grads, activations, reference, sampler_weights,
-                      kv, tuple(notes), frozen_base=frozen_base)
+                      kv, tuple(notes), frozen_base=frozen_base, rollout_devices=split, published=published)

@@ -18,6 +18,7 @@ from jax.experimental import multihost_utils
 
 from jaxscaffold.buckets import pow2_bucket
 from jaxscaffold.models.local_mesh import local_mesh, local_rules, to_local
+from jaxscaffold.models.qwen3 import param_shardings
 from jaxscaffold.models.sharding import DEFAULT_RULES
 from jaxscaffold.train.batching import build_batch
 
@@ -72,12 +73,20 @@ def sampler_params(params, sampler):
     the shardings already agree). A sampler without a mesh (a one-device process): replicated
     parameters as one device's replica, sharded ones as they are."""
     if sampler.mesh is not None:
+        if jax.process_count() == 1 and not _on(params, sampler.mesh):  # a split pod (`mesh.rollout_devices`)
+            return jax.device_put(params, param_shardings(sampler.config, sampler.mesh, sampler.rules))
         return to_local(params, sampler.config, sampler.mesh, sampler.rules)
     if jax.process_count() > 1:
         raise ValueError("on several processes a sampler runs on this process's mesh: build it on rollout_mesh()")
     if any(not x.is_fully_replicated for x in jax.tree.leaves(params)):
         return params
     return jax.tree.map(lambda x: x.addressable_data(0), params)
+
+
+def _on(params, mesh) -> bool:
+    """Whether every parameter lives on devices of `mesh`."""
+    devices = set(mesh.devices.flat)
+    return all(x.sharding.device_set <= devices for x in jax.tree.leaves(params))
 
 
 def process_batch(conversations, adv, row_multiple: int) -> dict[str, np.ndarray]:

@@ -23,7 +23,8 @@ CONFIG_FILE = "config.json"
 # freely (a longer run, more env workers, another mesh: the checkpoint restores onto any
 # sharding). A name ending in "." is a section.
 FREE = ("out_dir", "steps", "mesh.", "envs.num_workers", "envs.step_timeout_s", "checkpoint.", "logging.", "memory.",
-        "eval.every", "eval.at_start", "export.")  # how often the model is evaluated changes no training
+        "eval.every", "eval.at_start", "export.",  # how often the model is evaluated changes no training
+        "rl.max_bad_steps", "rl.max_empty_steps")  # when a failing run stops
 # Fields that decide the parameters' shapes: a checkpoint cannot be restored under others.
 FIXED = ("job", "model.hf_path", "model.preset", "lora.rank", "lora.targets")  # LoRA: the adapters' shapes
 

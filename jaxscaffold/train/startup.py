@@ -1,9 +1,12 @@
-"""What a run says as it starts: quiet logging by default and a summary of what it runs.
+"""What a run says as it starts: quiet logging by default, the checks of what it will need, and
+a summary of what it runs.
 
 `configure_logging` keeps third-party INFO logs (Orbax writes about 50 lines a checkpoint
-through absl) out of the console unless `logging.verbose`; `summary` is the start-up block:
-model and parameter count, dtypes, devices and mesh, envs and their task counts (and tau2's user
-simulator), out_dir.
+through absl) out of the console unless `logging.verbose`; `preflight` refuses, in one line
+and before any model is built, what would fail later (an unwritable out_dir, more devices than
+there are, a missing or broken tokenizer, an unreadable task file); `summary` is the start-up
+block: model and parameter count, dtypes, devices and mesh, envs and their task counts (and
+tau2's user simulator), out_dir.
 """
 
 from __future__ import annotations
@@ -11,12 +14,13 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import tempfile
 
 import jax
 
-from jaxscaffold.config import RunConfig
+from jaxscaffold.config import ConfigError, RunConfig
 from jaxscaffold.train import user_model
-from jaxscaffold.train.tasks import env_names, load_tasks
+from jaxscaffold.train.tasks import catalogue, env_names, load_tasks, parse_task_spec
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -32,6 +36,62 @@ def configure_logging(verbose: bool) -> None:
     logging.getLogger("jaxscaffold").setLevel(logging.INFO)
     # absl's logger may carry its own level (absl flags): set it either way.
     logging.getLogger("absl").setLevel(logging.NOTSET if verbose else logging.WARNING)
+
+
+def preflight(cfg: RunConfig) -> None:
+    """What the run needs that its config cannot show, checked before the model is built:
+    out_dir writable, `mesh.devices` available, the tokenizer loadable, the JSONL task files
+    (and the rewards they name) readable. Raises ConfigError or TaskSourceError (one line)."""
+    check_out_dir(cfg.out_dir)
+    from jaxscaffold.models.sharding import maybe_initialize_distributed
+    maybe_initialize_distributed()  # before the first device query, as build_job does
+    if cfg.mesh.devices > jax.device_count():
+        raise ConfigError(f"config.mesh.devices={cfg.mesh.devices}: there are {jax.device_count()} devices "
+                          f"({jax.devices()[0].platform}); 0 uses all of them")
+    _check_tokenizer(cfg)
+    _check_jsonl_tasks(cfg)
+
+
+def check_out_dir(out_dir: str) -> None:
+    """ConfigError unless `out_dir` exists (made here) and a file can be written in it."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write_check"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"config.out_dir={out_dir!r} is not writable ({e.strerror or e})") from None
+
+
+def _check_tokenizer(cfg: RunConfig) -> None:
+    from jaxscaffold.models.tokenizer import load_tokenizer
+    from jaxscaffold.train.job import tokenizer_path
+
+    path = None if cfg.model.vocabulary else tokenizer_path(cfg.model)
+    if path is None:
+        return
+    try:
+        load_tokenizer(path)
+    except Exception as e:  # noqa: BLE001  whatever the tokenizer library raises on a broken file
+        text = str(e).strip().splitlines()
+        raise ConfigError(f"config.model.tokenizer: cannot load a tokenizer from {path} ({type(e).__name__}: "
+                          f"{text[0][:200] if text else ''})") from None
+
+
+def _check_jsonl_tasks(cfg: RunConfig) -> None:
+    """The JSONL task files of envs.train / envs.eval (a few reads): the config's reward first,
+    whose module may register the names the lines use."""
+    from jaxscaffold.envs import jsonl
+
+    reward = cfg.envs.kwargs().get("jsonl", {}).get("reward")
+    if reward is not None:
+        try:
+            jsonl.config_reward(reward)
+        except ValueError as e:
+            raise ConfigError(f"config.envs.env_kwargs: {e}") from None
+    for spec, split in ((cfg.envs.train, cfg.envs.train_split), (cfg.envs.eval, cfg.envs.eval_split)):
+        for entry in parse_task_spec(spec):
+            if entry.env == "jsonl":
+                catalogue("jsonl", entry.split or split)  # TaskSourceError: one line naming the file and line
 
 
 def parameter_count(params) -> int:

@@ -1,6 +1,8 @@
 """The training loop: the one place that runs a job step by step.
 
   workload.collect (rollouts, rewards, metrics) -> train_on (advantages, optimizer steps)
+     (rollout.max_staleness = k > 0: the next steps' rollouts collected meanwhile in a
+     background thread, `collector.AheadCollector`)
   -> every eval.every steps (and at step 0): workload.evaluate -> logs, results.json
   -> every checkpoint.every steps: a checkpoint (every checkpoint.params_only_every: the
      parameters alone, in out_dir/params)
@@ -11,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -22,8 +25,10 @@ import jax
 
 from jaxscaffold import config as config_lib
 from jaxscaffold.train import memory_check, resume, startup
-from jaxscaffold.train.checkpoint import PARAMS_DIR, Checkpointer
+from jaxscaffold.train.checkpoint import PARAMS_DIR, Checkpointer, CheckpointSaveError
+from jaxscaffold.train.collector import AheadCollector, staleness_filter
 from jaxscaffold.train.export import export_checkpoint
+from jaxscaffold.train.failures import RunFailed, StepGuard
 from jaxscaffold.train.job import build_job, optimizer_config
 from jaxscaffold.train.logger import MetricLogger
 from jaxscaffold.train.multihost import allgather_json
@@ -48,21 +53,18 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     cfg = config_lib.typed(cfg)
     startup.configure_logging(cfg.logging.verbose)
     changes = resume.check_resume(cfg)  # before the model is built: a refused change costs nothing
+    startup.preflight(cfg)  # likewise an unwritable out_dir, a broken tokenizer or task file
     memory_check.check_fits(cfg)  # likewise a run that cannot fit its devices
     job, state = build_job(cfg)
     work = workload(job, job.policy_params(state.params))
     out = cfg.out_dir
     os.makedirs(out, exist_ok=True)
-    ckpt = Checkpointer(os.path.join(out, "checkpoints"), keep=cfg.checkpoint.keep)
+    ckpt = Checkpointer(os.path.join(out, "checkpoints"), keep=cfg.checkpoint.keep, cleanup_partial=True)
     history: list[dict] = []
     start = 0
     if ckpt.latest_step() is not None:
-        _, state, extra = ckpt.restore_latest(state)
-        missing = sorted({"step", "workload", "history"} - set(extra))
-        if missing:
-            raise ValueError(
-                f"the checkpoint in {ckpt.directory} lacks {missing}: it was written by an older, "
-                f"incompatible version; resume is impossible, so use a new out_dir (or delete {out})")
+        # A step whose JSON lacks these keys is damaged like an unreadable one: the previous one resumes.
+        _, state, extra = ckpt.restore_latest(state, required=("step", "workload", "history"))
         start = extra["step"]
         work.set_state(extra["workload"])
         history = extra["history"]
@@ -79,19 +81,29 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     logger = MetricLogger.for_run(cfg, start=start, total_steps=steps)
     lr_at = optimizer_config(cfg).learning_rate()
     policy = None  # the samplers' parameters of this state (LoRA: merged once per update)
+    guard = StepGuard(cfg.rl.max_bad_steps, cfg.rl.max_empty_steps)
+    collector = None  # rollout.max_staleness > 0: the background collector
     try:
         if start == 0 and cfg.eval.every and cfg.eval.at_start:  # the untrained model's scores
             policy = job.policy_params(state.params)
             history.append({"step": 0, **_evaluate(work, job, policy, 0, history)})
             logger.log(0, history[-1])
             _write_results(cfg, history, steps)
+        if cfg.rollout.max_staleness:
+            collector = _ahead_collector(job, work, state, start, steps)
         for step in range(start + 1, steps + 1):
+            ckpt.check()  # an asynchronous save that failed stops the run before another step
             t0 = time.perf_counter()
-            policy = job.policy_params(state.params) if policy is None else policy
-            episodes, stats = work.collect(job, policy, step)
+            if collector is None:
+                policy = job.policy_params(state.params) if policy is None else policy
+                episodes, stats = work.collect(job, policy, step)
+            else:
+                episodes, stats = _collected(collector, step, cfg.rollout.max_staleness)
             t1 = time.perf_counter()
             policy = None  # LoRA's merged copy is not held through the update
             state, train_metrics = train_on(job, state, episodes)
+            if collector is not None:
+                collector.publish(job.policy_params(state.params), step)
             train_metrics["train/lr"] = float(lr_at(max(int(state.step) - 1, 0)))  # the step's last update's
             t2 = time.perf_counter()
             tokens = sum(allgather_json(sum(len(e.conversation) for e in episodes)))
@@ -101,18 +113,31 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
             evaluated = cfg.eval.every and step % cfg.eval.every == 0
             if evaluated:
                 policy = job.policy_params(state.params)
-                metrics.update(_evaluate(work, job, policy, step, history))
+                with collector.paused() if collector is not None else contextlib.nullcontext():
+                    metrics.update(_evaluate(work, job, policy, step, history))
             history.append(metrics)
             logger.log(step, metrics)
+            guard.after_collect(step, episodes, sum(len(e.training_rows()) for e in episodes if e.failure is None))
+            guard.after_update(step, train_metrics)  # (before the save: a failed run keeps its last good one)
             if evaluated:
                 _write_results(cfg, history, steps)
             if step % cfg.checkpoint.every == 0 or step == steps:
-                ckpt.save(step, state, {"step": step, "workload": work.get_state(), "history": history,
+                workload_state = work.get_state() if collector is None else collector.workload_state(step)
+                ckpt.save(step, state, {"step": step, "workload": workload_state, "history": history,
                                         "config": cfg.to_dict()})
             if params_ckpt is not None and step % cfg.checkpoint.params_only_every == 0:
                 params_ckpt.save(step, {"params": state.params}, {"step": step, "config": cfg.to_dict()})
         ckpt.wait()
+    except RunFailed as e:
+        if isinstance(e, CheckpointSaveError):
+            raise
+        with contextlib.suppress(CheckpointSaveError):
+            ckpt.wait()  # the saves begun before the failure complete: the last one is named
+        last = ckpt.last_complete_step()
+        raise RunFailed(f"{e}; last checkpoint: {'none' if last is None else f'step {last}'} in {ckpt.directory}") from None
     finally:
+        if collector is not None:
+            collector.close()
         ckpt.close()
         if params_ckpt is not None:
             params_ckpt.close()
@@ -125,12 +150,31 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     return result
 
 
+def _ahead_collector(job, work, state, start: int, steps: int) -> AheadCollector:
+    """rollout.max_staleness = k > 0: the collector of steps start + 1..steps, from the state's
+    policy (version `start`: on resume, collection restarts from the checkpoint's step)."""
+    if jax.process_count() > 1:
+        raise ValueError(f"rollout.max_staleness={job.cfg.rollout.max_staleness} runs on one process only "
+                         f"(have {jax.process_count()}): use 0 on several hosts")
+    return AheadCollector(work, job, job.policy_params(state.params), version=start,
+                          first_step=start + 1, last_step=steps, max_staleness=job.cfg.rollout.max_staleness)
+
+
+def _collected(collector: AheadCollector, step: int, max_staleness: int) -> tuple[list, dict]:
+    """Step `step`'s episodes from the collector, rows more than `max_staleness` versions
+    behind this step's policy (version step - 1) dropped, with the staleness metrics."""
+    episodes, stats, _, seconds = collector.next(step)
+    episodes, staleness = staleness_filter(episodes, step - 1, max_staleness)
+    return episodes, {**stats, **staleness, "time/collect_s": seconds}
+
+
 def _params_checkpointer(cfg, start: int) -> Checkpointer | None:
     """out_dir/params (checkpoint.params_only_every), without the steps after `start` (the
     resumed run saves them again)."""
     if not cfg.checkpoint.params_only_every:
         return None
-    ckpt = Checkpointer(os.path.join(cfg.out_dir, PARAMS_DIR), keep=cfg.checkpoint.params_only_keep or None)
+    ckpt = Checkpointer(os.path.join(cfg.out_dir, PARAMS_DIR), keep=cfg.checkpoint.params_only_keep or None,
+                        cleanup_partial=True)
     dropped = ckpt.delete_after(start)
     if dropped:
         log.info("params-only checkpoints %s are after the resumed step %d: deleted (saved again)", dropped, start)

@@ -13,7 +13,7 @@ from jaxscaffold.models.sharding import shard_batch
 from jaxscaffold.rl import dapo
 from jaxscaffold.rl.advantages import advantages
 from jaxscaffold.rl.train_step import make_old_logprob_step
-from jaxscaffold.train.job import Job
+from jaxscaffold.train.job import Job, correction
 from jaxscaffold.train.multihost import allgather_json, process_batch
 from jaxscaffold.episodes.episode import Episode
 
@@ -42,8 +42,8 @@ def train_on(job: Job, state, episodes: list[Episode]):
         batches.append(shard_batch(batch, job.mesh) if job.mesh is not None else batch)
     measured = None
     if r.recompute_old_logprobs and batches:
-        recompute = make_old_logprob_step(job.model_config, tis_cap=r.tis_cap, num_micro_batches=r.micro_batches,
-                                          mesh=job.mesh)
+        recompute = make_old_logprob_step(job.model_config, correction=correction(job.cfg),
+                                          num_micro_batches=r.micro_batches, mesh=job.mesh)
         policy = job.policy_params(state.params)  # LoRA: the base merged with the adapters
         batches, parts = zip(*(recompute(policy, b) for b in batches))  # before any update
         del policy

@@ -32,16 +32,25 @@ def test_embedded_default_smoke(tmp_path):
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 4
 
 
-def test_checkpoint_of_an_older_format_is_a_clear_error(tmp_path):
-    """A checkpoint whose metadata lacks what resuming needs (written before the workload
-    state existed) stops the run with a message naming the directory, not a KeyError."""
-    from jaxscaffold.train.checkpoint import Checkpointer
+def test_checkpoint_without_its_keys_falls_back_to_the_previous_one(tmp_path, caplog):
+    """A checkpoint whose JSON lacks what resuming needs (written before the workload state
+    existed, or damaged) is skipped like an unreadable one: the run resumes from the previous
+    step; when no step has the keys, one CheckpointCorrupt line names each."""
+    from jaxscaffold.train.checkpoint import CheckpointCorrupt, Checkpointer
     first = train(tiny_config(tmp_path, steps=1, **{"eval.every": 0, "checkpoint.every": 1}))
     ckpt = Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
     ckpt.save(2, first["state"], {"step": 2, "history": first["history"]})  # no "workload"
     ckpt.close()
-    with pytest.raises(ValueError, match=r"lacks \['workload'\].*older, incompatible version"):
-        train(tiny_config(tmp_path, steps=3, **{"eval.every": 0, "checkpoint.every": 1}))
+    out = train(tiny_config(tmp_path, steps=2, **{"eval.every": 0, "checkpoint.every": 1}))
+    assert [h["step"] for h in out["history"]] == [1, 2]  # step 1 restored, step 2 redone
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "checkpoint" in r.name]
+    assert any("lacks ['workload']" in w and "resuming from step 1" in w for w in warnings), warnings
+    other = tmp_path / "other"
+    ckpt = Checkpointer(str(other / "checkpoints"), async_save=False)
+    ckpt.save(1, first["state"], {"step": 1})
+    ckpt.close()
+    with pytest.raises(CheckpointCorrupt, match=r"step 1: CheckpointDamaged: its JSON document lacks"):
+        train(tiny_config(other, steps=2, **{"eval.every": 0, "checkpoint.every": 1}))
 
 
 def _damage_params(step_dir, how: str) -> None:

@@ -1,0 +1,166 @@
+"""Rollouts that overlap training, with bounded staleness (`rollout.max_staleness = k > 0`).
+
+A background thread runs `work.collect(job, params, step)` for the next steps while the
+trainer trains (JAX releases the GIL while it computes, so the two interleave on the same
+devices). The version of a policy is the number of training steps applied to it: training
+step s updates version s - 1 into version s. Step t is collected with version
+max(start, t - 1 - k): the oldest the bound allows, a fixed schedule, so a run's rollouts do
+not depend on thread timing (k = 1: step s + 1's rollouts run while step s trains). The
+trainer publishes each new version (a copy: the train step donates its state's buffers).
+
+What the thread shares with the trainer, and how it stays consistent:
+- the workload's state (task stream, bandit) advances in collect order; a snapshot taken right
+  after each collect is what step t's checkpoint stores (`workload_state`), never a
+  half-collected future step, so a resumed run collects again from the checkpoint's step;
+- the environments: `paused()` holds the collector between two collects while the trainer
+  evaluates on the same environment pool.
+Several processes are not supported with k > 0 (their gathers inside `collect` would
+interleave with the trainer's): the trainer refuses them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxscaffold.episodes.episode import Episode
+from jaxscaffold.train.multihost import sampler_params
+
+log = logging.getLogger(__name__)
+
+
+class AheadCollector:
+    """Collects steps `first_step..last_step` in a background thread, at most `max_staleness`
+    versions behind the step that trains on them (module docstring)."""
+
+    def __init__(self, work, job, params, *, version: int, first_step: int, last_step: int, max_staleness: int):
+        if max_staleness < 1:
+            raise ValueError(f"an ahead collector needs max_staleness >= 1, got {max_staleness}")
+        self.work, self.job, self.k = work, job, max_staleness
+        self.start_version = version
+        self.last_step = last_step
+        self._cond = threading.Condition()
+        self._params: dict[int, Any] = {version: self._own_copy(params)}  # published versions still needed
+        self._ready: dict[int, tuple] = {}  # step -> (episodes, stats, version, collect seconds)
+        self._states: dict[int, dict] = {}  # step -> the workload's state right after collecting it
+        self._collecting = threading.Lock()  # held during one collect (`paused`)
+        self._next = first_step
+        self._stop = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="rollout-collector", daemon=True)
+        self._thread.start()
+
+    def version_for(self, step: int) -> int:
+        """The policy version step `step` is collected with."""
+        return max(self.start_version, step - 1 - self.k)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    step = self._next
+                    if step > self.last_step:
+                        return
+                    version = self.version_for(step)
+                    # The version the schedule names (it also bounds the steps waiting to k + 1).
+                    self._cond.wait_for(lambda: self._stop or version in self._params)
+                    if self._stop:
+                        return
+                    params = self._params[version]
+                with self._collecting:
+                    t = time.perf_counter()
+                    episodes, stats = self.work.collect(self.job, params, step)
+                    seconds = time.perf_counter() - t
+                    state = json.loads(json.dumps(self.work.get_state()))  # a copy, as the checkpoint stores it
+                for e in episodes:
+                    e.record_version(version)
+                with self._cond:
+                    self._ready[step] = (episodes, stats, version, seconds)
+                    self._states[step] = state
+                    self._next = step + 1
+                    # Versions no later step is collected with are released.
+                    for v in [v for v in self._params if v < self.version_for(step + 1)]:
+                        del self._params[v]
+                    self._cond.notify_all()
+        except BaseException as e:  # handed to the trainer by `next`
+            log.exception("the rollout collector failed")
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+
+    def next(self, step: int) -> tuple[list[Episode], dict, int, float]:
+        """Step `step`'s (episodes, stats, the version that sampled them, collect seconds),
+        waiting for them; a failure of the thread is raised here."""
+        with self._cond:
+            self._cond.wait_for(lambda: step in self._ready or self._error is not None)
+            if self._error is not None:
+                raise RuntimeError(f"rollout collection failed: {self._error!r}") from self._error
+            out = self._ready.pop(step)
+            for s in [s for s in self._states if s < step]:
+                del self._states[s]
+            self._cond.notify_all()
+            return out
+
+    def publish(self, params, version: int) -> None:
+        """The policy after training step `version`; kept only if a later step samples with it
+        (`_own_copy`: the next train step donates the state's buffers)."""
+        if version + 1 + self.k > self.last_step:  # step version + 1 + k samples with it
+            return
+        params = self._own_copy(params)
+        with self._cond:
+            self._params[version] = params
+            self._cond.notify_all()
+
+    def _own_copy(self, params):
+        """Parameters the next train step cannot donate: on a split pod (`mesh.rollout_devices`)
+        moved device to device onto the samplers' devices, else a copy on the same devices."""
+        if self.job.cfg.mesh.rollout_devices:
+            return sampler_params(params, self.job.sampler)
+        return jax.tree.map(jnp.copy, params)
+
+    def workload_state(self, step: int) -> dict:
+        """The workload's state right after step `step` was collected (what its checkpoint stores)."""
+        with self._cond:
+            return self._states[step]
+
+    @contextlib.contextmanager
+    def paused(self):
+        """No collect runs inside this block (evaluation shares the environment pool)."""
+        with self._collecting:
+            yield
+
+    def close(self) -> None:
+        """Stops after the collect in flight (if any) and joins the thread."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join()
+
+
+def staleness_filter(episodes: list[Episode], version: int, max_staleness: int) -> tuple[list[Episode], dict]:
+    """The episodes whose every training row is at most `max_staleness` versions older than
+    `version` (a row's staleness: `version` minus the oldest version among its sampled
+    tokens; no recorded version counts as `version`), and the step's metrics:
+    `rollout/staleness_<d>` (training rows d versions old, for d = 0..k, and any older ones
+    seen) and `rollout/stale_dropped_rows` (rows of the episodes dropped)."""
+    hist = {d: 0 for d in range(max_staleness + 1)}
+    kept, dropped = [], 0
+    for e in episodes:
+        rows = e.training_rows()
+        ages = [version - min(conv.sampled_versions(), default=version) for conv in rows]
+        for a in ages:
+            hist[a] = hist.get(a, 0) + 1
+        if any(a > max_staleness for a in ages):
+            dropped += len(rows)
+        else:
+            kept.append(e)
+    stats = {f"rollout/staleness_{d}": float(n) for d, n in sorted(hist.items())}
+    stats["rollout/stale_dropped_rows"] = float(dropped)
+    return kept, stats
