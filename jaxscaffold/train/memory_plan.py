@@ -195,7 +195,7 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
     step_config = config.replace(attention_impl="flash") if kernel in ("splash", "cudnn") else config
     compiled = Accelerator().with_kernels(step_config).attention_impl
     if kernel != compiled:
-        notes.append(f"attention: the target runs the {kernel} kernel (on a mesh per device, under shard_map); "
+        notes.append(f"attention: the target runs the {kernel} kernel (on a mesh, per device under shard_map); "
                      f"the step compiled here runs the {compiled} loop in its place, O(T) in memory like it")
 
     activations = None
