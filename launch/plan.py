@@ -25,6 +25,7 @@ sys.path.insert(0, ROOT)
 
 # name: (devices, memory per device in GB): chips as Cloud TPU and NVIDIA list them.
 TARGETS = {"v5e-8": (8, 16), "v5p-8": (4, 95), "v6e-8": (8, 32), "h200": (1, 141)}
+PLATFORMS = {"v5e-8": "tpu", "v5p-8": "tpu", "v6e-8": "tpu", "h200": "gpu"}  # whose backend picks the kernels
 
 
 def main(argv: list[str]) -> int:
@@ -38,6 +39,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--target", choices=sorted(TARGETS), help="a slice: sets --devices and --hbm-gb")
     p.add_argument("--devices", type=int, default=8, help="devices of the mesh (fake CPU ones without an accelerator)")
     p.add_argument("--hbm-gb", type=float, default=16.0, help="memory per device, GB")
+    p.add_argument("--platform", choices=("tpu", "gpu", "portable"), default=None,
+                   help="whose attention kernel the plan counts (default: the target's, else portable)")
     p.add_argument("--search", action="store_true", help="double rl.micro_batches until the train phase fits")
     p.add_argument("--json", action="store_true", help="one JSON object")
     if show_help:
@@ -48,6 +51,7 @@ def main(argv: list[str]) -> int:
         print("error: --config is required (a name in configs/ or a path)", file=sys.stderr)
         return 2
     devices, hbm_gb = TARGETS[args.target] if args.target else (args.devices, args.hbm_gb)
+    platform = args.platform or PLATFORMS.get(args.target, "portable")
     if not os.environ.get("JAX_PLATFORMS") or os.environ["JAX_PLATFORMS"] == "cpu":
         os.environ["JAX_PLATFORMS"] = "cpu"
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
@@ -58,14 +62,14 @@ def main(argv: list[str]) -> int:
         print(f"error: {devices} devices asked, {jax.device_count()} present", file=sys.stderr)
         return 2
     try:
-        result = memory_plan.plan(cfg, hbm_bytes=hbm_gb * 1e9, devices=jax.devices()[:devices])
+        result = memory_plan.plan(cfg, hbm_bytes=hbm_gb * 1e9, devices=jax.devices()[:devices], platform=platform)
         while args.search and result.train_peak > result.hbm_bytes:
             mb = cfg.rl.micro_batches * 2
             data_parallel = devices // max(1, cfg.mesh.tensor)
             if mb * data_parallel > memory_plan.worst_case_batch(cfg)[0]:
                 break  # past one row per device a micro-batch: only padding rows would be added
             cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, micro_batches=mb))
-            result = memory_plan.plan(cfg, hbm_bytes=hbm_gb * 1e9, devices=jax.devices()[:devices])
+            result = memory_plan.plan(cfg, hbm_bytes=hbm_gb * 1e9, devices=jax.devices()[:devices], platform=platform)
     except (ValueError, OSError) as e:  # a mesh that does not divide the devices, a missing checkpoint
         print(f"error: {e}", file=sys.stderr)
         return 2

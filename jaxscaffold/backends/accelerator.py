@@ -20,11 +20,12 @@ from jaxscaffold.models.config import Qwen3Config
 @dataclasses.dataclass(frozen=True)
 class Accelerator:
     """The TPU / GPU backend (hashable, a program key). `platform` chooses the attention
-    kernel "auto" means: "gpu" cuDNN flash attention (bf16 / f16), "tpu" Pallas splash on one
-    device; everywhere else (a TPU mesh, f32 on GPU, and "portable": what plans and FLOP counts
-    compile on fake CPU devices) the pure-JAX flash kernel, O(T) in memory like splash and
-    cuDNN, so a plan's activations stand for theirs (the XLA kernel's O(T^2) f32 scores would
-    not fit 16k-token rows)."""
+    kernel "auto" means: "gpu" cuDNN flash attention (bf16 / f16), "tpu" Pallas splash, on one
+    device or on any mesh (there each device runs the kernel on its rows and heads under
+    `shard_map`: `models.sharded_attention`, the mesh a train step is traced under); everywhere
+    else (f32 on GPU, and "portable": what plans and FLOP counts compile on fake CPU devices)
+    the pure-JAX flash kernel, O(T) in memory like splash and cuDNN, so a plan's activations
+    stand for theirs (the XLA kernel's O(T^2) f32 scores would not fit 16k-token rows)."""
 
     platform: str = "portable"
     name = "accelerator"
@@ -38,10 +39,12 @@ class Accelerator:
         return config.replace(attention_impl=self.attention_impl(config.compute_dtype, jax.device_count()))
 
     def attention_impl(self, compute_dtype: str, devices: int) -> str:
+        """The kernel "auto" runs on `devices` devices of this platform (any mesh: the fused
+        kernels run under shard_map there)."""
         if self.platform == "gpu" and jnp.dtype(compute_dtype).itemsize == 2:
             return "cudnn"
-        if self.platform == "tpu" and devices == 1:
-            return "splash"  # under a multi-device mesh a Pallas call needs shard_map; XLA partitions flash itself
+        if self.platform == "tpu":
+            return "splash"
         return "flash"
 
     def with_kernels(self, config: Qwen3Config) -> Qwen3Config:

@@ -9,6 +9,8 @@
   NVIDIA GPUs (bf16 / f16 only).
 - `splash`: the Pallas splash-attention kernel on TPU (causal + segment ids, sequence
   lengths padded to the kernel's block size).
+`cudnn` and `splash` are custom calls XLA cannot partition: on a mesh they run per device
+under `shard_map` (`models.sharded_attention`).
 
 With a KV cache (sampling), `cached_attention` is used on every backend: decode is bound by
 reading weights and cache, and it reads the cache exactly once without copying it. (The CPU
@@ -28,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxscaffold.models import sharded_attention
 from jaxscaffold.models.flash_attention import flash_attention
 
 MASKED = -0.7 * float(np.finfo(np.float32).max)  # finite: fully masked rows stay NaN-free
@@ -82,15 +85,29 @@ def cudnn_attention(q_BTHK, k_BSGK, v_BSGK, mask_BTS):
         q_BTHK, k_BSGK, v_BSGK, mask=mask_BTS[:, None], implementation="cudnn")
 
 
+def cudnn_self_attention(q_BTHK, k_BTGK, v_BTGK, segment_ids_BT):
+    """`cudnn_attention` of a sequence over itself, causal within segments."""
+    b, t = segment_ids_BT.shape
+    idx = jnp.arange(t)
+    mask = attention_mask(segment_ids_BT, segment_ids_BT, jnp.broadcast_to(idx, (b, t)), idx)
+    return cudnn_attention(q_BTHK, k_BTGK, v_BTGK, mask)
+
+
 SPLASH_BLOCK = 128
+# Run the splash kernel in Pallas interpret mode (a CPU test's setting; on TPU it compiles).
+# `pltpu.force_tpu_interpret_mode()` cannot stand in: its interpreter fails on the kernel's
+# 4-axis backward grid (jax 0.10.2).
+SPLASH_INTERPRET = False
 
 
-def splash_attention(q_BTHK, k_BTGK, v_BTGK, segment_ids_BT, *, interpret: bool = False):
+def splash_attention(q_BTHK, k_BTGK, v_BTGK, segment_ids_BT, *, interpret: bool | None = None):
     """Pallas splash attention (TPU): causal self-attention within segments, no cache.
 
     Sequences are padded up to a multiple of the kernel block with segment id 0. GQA runs
-    as one MQA kernel per kv head. `interpret=True` runs the kernel on CPU for tests.
+    as one MQA kernel per kv head. `interpret=True` runs the kernel on CPU for tests
+    (None: `SPLASH_INTERPRET`).
     """
+    interpret = SPLASH_INTERPRET if interpret is None else interpret
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
@@ -136,12 +153,12 @@ def attend(impl: str, q_BTHK, k_BSGK, v_BSGK, *, q_segment_BT, kv_segment_BS, q_
     and keys are the same tokens (q_index_BT[:, t] = kv_index_S[t] = t)."""
     impl = portable(impl)
     if impl == "splash":
-        return splash_attention(q_BTHK, k_BSGK, v_BSGK, q_segment_BT)
+        return sharded_attention.on_mesh(splash_attention, q_BTHK, k_BSGK, v_BSGK, q_segment_BT)
     if impl == "flash":
         return flash_attention(q_BTHK, k_BSGK, v_BSGK, q_segment_BT)
-    mask = attention_mask(q_segment_BT, kv_segment_BS, q_index_BT, kv_index_S)
     if impl == "cudnn":
-        return cudnn_attention(q_BTHK, k_BSGK, v_BSGK, mask)
+        return sharded_attention.on_mesh(cudnn_self_attention, q_BTHK, k_BSGK, v_BSGK, q_segment_BT)
+    mask = attention_mask(q_segment_BT, kv_segment_BS, q_index_BT, kv_index_S)
     if impl == "xla":  # queries and keys are the same tokens: causal by position
         return causal_attention(q_BTHK, k_BSGK, v_BSGK, mask)
     raise ValueError(f"unknown attention implementation {impl!r} (xla, flash, cudnn, splash)")

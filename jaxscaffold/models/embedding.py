@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxscaffold.buckets import pow2_bucket
 from jaxscaffold.models import hf_io, qwen3
 from jaxscaffold.models.config import Qwen3Config
+from jaxscaffold.models.sharded_attention import kernel_mesh
 from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules
 from jaxscaffold.models.tokenizer import Tokenizer, load_tokenizer
 
@@ -58,7 +59,11 @@ class Qwen3Embedder:
         self.max_len, self.batch_size, self.min_bucket = max_len, batch_size, min_bucket
         self.eos = tokenizer.token_id(END_OF_TEXT)
         self.mesh = mesh
-        fn = lambda p, t, s: embed(p, config, t, s)  # noqa: E731
+
+        def fn(p, t, s):
+            with kernel_mesh(mesh, rules):  # fused attention kernels run per device under shard_map
+                return embed(p, config, t, s)
+
         if mesh is None:
             self._embed = jax.jit(fn)
             self._rows = None

@@ -38,6 +38,7 @@ from jaxscaffold.buckets import pow2_bucket
 from jaxscaffold.models import lora as lora_lib
 from jaxscaffold.models.config import Qwen3Config
 from jaxscaffold.models.qwen3 import param_shapes, param_shardings
+from jaxscaffold.models.sharded_attention import kernel_mesh
 from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules
 from jaxscaffold.rl.logprobs import masked_token_logprobs, token_logprobs
 from jaxscaffold.rl import mismatch
@@ -322,9 +323,10 @@ def _program(step: _Step, num_positions: int | None, keys: tuple = tuple(BATCH_A
         in_sh = (st_sh, batch_shardings(step.mesh, step.rules, keys)) + extra
         shardings = dict(in_shardings=in_sh, out_shardings=(st_sh, NamedSharding(step.mesh, PartitionSpec())))
     def update(state, batch, *frozen):  # (), (the reference's params,) or (LoRA's base,)
-        if step.lora is not None:
-            return _update(step, num_positions, state, batch, base=frozen[0])
-        return _update(step, num_positions, state, batch, *frozen)
+        with kernel_mesh(step.mesh, step.rules):  # fused attention kernels run per device under shard_map
+            if step.lora is not None:
+                return _update(step, num_positions, state, batch, base=frozen[0])
+            return _update(step, num_positions, state, batch, *frozen)
 
     return jax.jit(update, donate_argnums=(0,), **shardings)
 
@@ -444,4 +446,7 @@ def _recompute_program(rc: _Recompute, num_positions: int | None):
         shardings = dict(in_shardings=(p_sh, batch_shardings(rc.mesh, rc.rules)),
                          out_shardings=(batch_shardings(rc.mesh, rc.rules, keys_out),
                                         NamedSharding(rc.mesh, PartitionSpec())))
-    return jax.jit(functools.partial(_recompute, rc, num_positions), **shardings)
+    def recompute(params, batch):
+        with kernel_mesh(rc.mesh, rc.rules):  # fused attention kernels run per device under shard_map
+            return _recompute(rc, num_positions, params, batch)
+    return jax.jit(recompute, **shardings)

@@ -61,6 +61,7 @@ class MemoryPlan:
     frozen_base: int = 0  # LoRA: the frozen base weights (params, opt_state, grads: the adapters')
     rollout_devices: int = 0  # a split pod: devices that only sample (`mesh.rollout_devices`)
     published: int = 0  # rollout.max_staleness > 0: the policy copies the collector holds
+    attention_kernel: str = ""  # the training attention kernel the target's backend runs
 
     @property
     def state(self) -> int:
@@ -169,8 +170,10 @@ def worst_case_batch(cfg: RunConfig) -> tuple[int, int, int]:
     return rows, length, positions
 
 
-def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compile_step: bool = True) -> MemoryPlan:
-    """The memory plan of `cfg` on `devices` (default: all), e.g. fake CPU devices of a pod's count.
+def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compile_step: bool = True,
+         platform: str = "portable") -> MemoryPlan:
+    """The memory plan of `cfg` on `devices` (default: all), e.g. fake CPU devices of a pod's count,
+    for a `platform` ("tpu", "gpu" or "portable"), whose backend chooses the attention kernel.
     Everything but the batch's shape comes from `JobSpec.from_config(cfg)`, as `build_job`'s does."""
     devices = list(jax.devices() if devices is None else devices)
     spec = JobSpec.from_config(cfg)
@@ -195,9 +198,20 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
     frozen_base = 0 if lora is None else _shard_bytes(param_shapes, base_sh)
     notes = []
 
+    # The target's attention kernel. Splash / cuDNN do not compile on CPU devices: the step
+    # compiled here runs the flash loop in their place, O(T) in memory like them.
+    kernel = config.attention_impl
+    if kernel == "auto":
+        kernel = Accelerator(platform).attention_impl(config.compute_dtype, len(devices))
+    step_config = config.replace(attention_impl="flash") if kernel in ("splash", "cudnn") else config
+    compiled = Accelerator().with_kernels(step_config).attention_impl
+    if kernel != compiled:
+        notes.append(f"attention: the target runs the {kernel} kernel (on a mesh, per device under shard_map); "
+                     f"the step compiled here runs the {compiled} loop in its place, O(T) in memory like it")
+
     activations = None
     if compile_step:
-        step = spec.train_step(mesh=mesh, backend=Accelerator())
+        step = dataclasses.replace(spec, model=step_config).train_step(mesh=mesh, backend=Accelerator())
         rows, length, positions = worst_case_batch(cfg)
         rows += (-rows) % spec.row_multiple(mesh)
         dtypes = {"tokens_BT": jnp.int32, "segment_ids_BT": jnp.int32, "loss_mask_BT": jnp.int32,
@@ -213,13 +227,12 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
         grads = params
         activations = max(0, int(stats.temp_size_in_bytes) - grads)
         notes.append(f"train step compiled for {rows} rows x {length} tokens, {positions} trained positions a row")
-        if Accelerator().with_kernels(config).attention_impl == "xla":
+        if compiled == "xla":
             # The portable fallback holds f32 scores of a query block (at most 8 blocks) over its keys.
             rows_dev = -(-rows // spec.row_multiple(mesh))
             scores = rows_dev * config.num_heads * -(-length // 8) * length * 4
             notes.append(f"attention compiled as the XLA fallback, whose f32 score blocks take ~{scores / GB:.1f} GB "
-                         "a layer here; a TPU slice runs it under any multi-device mesh (the Pallas "
-                         "splash kernel is not wrapped in shard_map: backends.accelerator)")
+                         "a layer here")
     grads = params
 
     # The sampler: rows of this process's share of the groups, its cache as it is built.
@@ -258,4 +271,5 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
         notes.append(f"rollout.max_staleness={c.max_staleness}: up to {c.max_staleness + 1} policy copies held for the collector"
                      + ("" if split else "; rollouts overlap the update on the same devices"))
     return MemoryPlan(len(devices), hbm_bytes, params, opt_state, grads, activations, reference, sampler_weights,
-                      kv, tuple(notes), frozen_base=frozen_base, rollout_devices=split, published=published)
+                      kv, tuple(notes), frozen_base=frozen_base, rollout_devices=split, published=published,
+                      attention_kernel=kernel)

@@ -41,6 +41,16 @@ whose trip count is no constant (a `fori_loop` bounded by an outer loop's counte
 blockwise causal attention's would be) still counts once: the `unresolved_loops` field says
 how many there are (0 here), each making the figure an undercount.
 `--quick`: Qwen3-4B shapes with 2 layers, 8 rows x 1,024 tokens (one turn: 128 positions).
+
+The kernel a run trains with: the step is counted with the XLA attention (the only one whose
+HLO has constant trip counts), and each case also gives `run_flops_<platform>`: the count with
+the XLA attention's matmuls replaced by those of the kernel the platform's backend runs
+(`kernel_attention_flops`: splash on TPU, cuDNN on GPU in bf16, else the flash loop), and
+`kernel_<platform>`. Per pair of (query, key) tiles a kernel visits, forward 2 matmuls;
+backward: XLA 4; the flash loop and cuDNN 5 (the scores recomputed); splash 7 (its dq and
+dkv kernels each recompute the scores and dP). Visited: XLA its 8 blocks; flash the causal
+tiles of 512 ((n + 1) / 2n of T^2), splash of 128; cuDNN, given a mask not a causal flag, all.
+Remat (`full`, `save_dots`) runs the kernel's forward again.
 """
 
 from __future__ import annotations
@@ -196,6 +206,33 @@ def excess_terms(c, rows: int, length: int, scored: int, policy: str) -> dict[st
             "remat_attention": 0.0 if policy == "none" else attention / 3, "logprob_recompute": ref["lm_head"] / 3}
 
 
+# Attention matmuls over the visited score entries, forward + backward, per kernel.
+KERNEL_MATMULS = {"xla": 6, "flash": 7, "cudnn": 7, "splash": 9}
+KERNEL_TILES = {"flash": 512, "splash": 128}  # causal tiles; above the diagonal never visited
+
+
+def visited_fraction(kernel: str, length: int) -> float:
+    """The part of the T x T score matrix a kernel computes."""
+    if kernel == "xla":
+        return block_fraction(length)
+    if kernel == "cudnn":
+        return 1.0
+    n = -(-length // KERNEL_TILES[kernel])
+    return (n + 1) / (2 * n)
+
+
+def kernel_attention_flops(kernel: str, c, rows: int, length: int, policy: str) -> float:
+    """Attention's matmul flops in one step with `kernel` (module docstring)."""
+    matmul = 2.0 * c.num_layers * rows * c.num_heads * c.head_dim * length * length  # one matmul, all of T^2
+    recompute = 0 if policy == "none" else 2
+    return (KERNEL_MATMULS[kernel] + recompute) * visited_fraction(kernel, length) * matmul
+
+
+def run_kernels(config) -> dict[str, str]:
+    """The training attention kernel each platform's backend runs for `config`."""
+    return {p: Accelerator(p).attention_impl(config.compute_dtype, 1) for p in ("tpu", "gpu", "portable")}
+
+
 def lowered_step(cfg, config, rows: int, length: int, scored: int):
     """The train step `memory_plan.plan` compiles (one device, no mesh) for `cfg`'s job spec
     with the model `config`, lowered for abstract arguments: the FLOP count of a step does not
@@ -261,10 +298,17 @@ def run(quick: bool = False) -> None:
         unexplained = got["dot_flops"] - reference - sum(excess.values())
         parts = {**excess, "other_dots": unexplained, "elementwise": got["flops"] - got["dot_flops"]}
         note = ", ".join(f"{k} {v / reference:+.3f}" for k, v in parts.items())
+        xla_attention = kernel_attention_flops("xla", base, rows, length, policy)
+        kernels = {}
+        for platform, kernel in run_kernels(base).items():
+            kernels[f"kernel_{platform}"] = kernel
+            kernels[f"run_flops_{platform}"] = (got["flops"] - xla_attention
+                                                + kernel_attention_flops(kernel, base, rows, length, policy))
         REPORT.figure(f"train_flops remat={policy} scored={positions}", got["flops"] / 1e12, "TFLOP",
                       ratio=got["flops"] / reference, note=f"(of the reference: {note})",
                       fields={"policy": policy, "layers": base.num_layers, "rows": rows, "length": length,
                               "scored": positions, "flops": got["flops"], "reference_flops": reference,
                               "dot_flops": got["dot_flops"], "unresolved_loops": got["unresolved_loops"],
                               **{f"excess_{k}": v for k, v in parts.items()},
-                              "xla_lowered_flops": got["xla_lowered"], "xla_check": round(got["xla_check"], 6)})
+                              "xla_lowered_flops": got["xla_lowered"], "xla_check": round(got["xla_check"], 6),
+                              **kernels})

@@ -48,7 +48,7 @@ def test_training_kernels_come_from_the_backend():
 
 @pytest.mark.parametrize("platform, dtype, devices, impl", [
     ("gpu", "bfloat16", 8, "cudnn"), ("gpu", "float32", 1, "flash"),  # cuDNN flash attention is bf16 / f16 only
-    ("tpu", "float32", 1, "splash"), ("tpu", "bfloat16", 8, "flash"),  # Pallas needs shard_map on a mesh
+    ("tpu", "float32", 1, "splash"), ("tpu", "bfloat16", 8, "splash"),  # on a mesh under shard_map
     ("portable", "bfloat16", 1, "flash"), ("portable", "float32", 8, "flash")])
 def test_the_backend_resolves_auto_attention(platform, dtype, devices, impl):
     assert accelerator.Accelerator(platform=platform).attention_impl(dtype, devices) == impl
