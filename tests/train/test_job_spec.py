@@ -56,6 +56,7 @@ def test_the_spec_reads_the_config(name):
     assert (spec.algo.kl_coef, spec.algo.entropy_coef) == (r.kl_coef, r.entropy_coef)
     assert spec.algo.overlong_buffer == 128  # the run's override, not the preset's
     assert spec.agg_constant == c.max_new_tokens * c.max_turns
+    assert (spec.correction.tis_cap, spec.correction.mis) == (r.tis_cap, r.mis)
     assert (spec.lora is None) == (cfg.lora.rank == 0)
     if spec.lora is not None:
         assert (spec.lora.rank, spec.lora.alpha) == (cfg.lora.rank, cfg.lora.alpha)
