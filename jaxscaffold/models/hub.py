@@ -56,7 +56,8 @@ def resolve(name: str, field: str = "model.hf_path") -> str:
         how = ("HF_HUB_OFFLINE is set: download it once online with "
                f"`hf download {name}`, or unset HF_HUB_OFFLINE" if offline()
                else "it could not be downloaded (no network?)")
-        raise ModelNotFoundError(f"{field}={name!r}: not a local directory and not in {where}; {how}") from None
+        raise ModelNotFoundError(f"{field}={name!r}: no such directory, and no hub model of that id in {where}; "
+                                 f"{how}") from None
     except (HfHubHTTPError, OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelNotFoundError(f"{field}={name!r}: not a local directory, and the hub says: {first}") from None
+        raise ModelNotFoundError(f"{field}={name!r}: no such directory, and the hub says: {first}") from None

@@ -56,7 +56,7 @@ def test_a_run_loads_the_same_weights_by_id_and_by_directory(tmp_path, hub_cache
 
 
 @pytest.mark.parametrize("name, says", [
-    ("tiny-org/not-cached", "not a local directory and not in"),
+    ("tiny-org/not-cached", "no such directory, and no hub model of that id in"),
     ("./no/such/dir", "no such directory"),
     ("/no/such/dir", "no such directory"),
 ])
