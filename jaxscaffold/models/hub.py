@@ -44,7 +44,7 @@ def resolve(name: str, field: str = "model.hf_path") -> str:
     if os.path.isdir(expanded):
         return expanded
     if not is_hub_id(name):
-        raise ModelNotFoundError(f"{field}={name!r}: no such directory (give a local HF checkpoint "
+        raise ModelNotFoundError(f"checkpoint directory not found: {name} ({field}: a local HF checkpoint "
                                  "directory or a hub id such as 'Qwen/Qwen3-4B')")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError

@@ -50,7 +50,7 @@ def test_a_lost_episode_without_the_envs_reason_shows_how_it_ended():
     assert eval_py.episode_line(dict(base, failed=True, failure="env crashed")).endswith("FAILED (env crashed)")
 
 
-@pytest.mark.parametrize("flag, says", [("--hf", "model.hf_path='/no/such/model': no such directory"),
+@pytest.mark.parametrize("flag, says", [("--hf", "checkpoint directory not found: /no/such/model (model.hf_path"),
                                          ("--checkpoint", "no checkpoint directory at /no/such/model")])
 def test_eval_with_a_missing_model_is_one_line(flag, says):
     out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "eval.py"), "--env", "letters", "--split", "test",
@@ -69,7 +69,8 @@ def test_a_study_with_a_missing_base_model_is_one_line(tmp_path):
                          capture_output=True, text=True, timeout=300)
     errors = [line for line in out.stderr.splitlines() if not line.startswith("INFO:")]
     assert out.returncode == 2 and len(errors) == 1, out.stderr[-3000:]
-    assert errors[0].startswith("error: model.hf_path=") and "no_base" in errors[0] and "no such directory" in errors[0]
+    assert errors[0].startswith("error: checkpoint directory not found: ") and errors[0].endswith(
+        "no_base (model.hf_path: a local HF checkpoint directory or a hub id such as 'Qwen/Qwen3-4B')")
 
 
 @pytest.mark.slow  # compiles the tiny train step once per micro-batch count (5 of them)
