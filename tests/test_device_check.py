@@ -4,7 +4,6 @@ holds; the script runs the checkout's python and passes its flags on."""
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
