@@ -140,8 +140,8 @@ class MetricLogger:
         self.stream, self.clock, self.eval_every = stream, clock, eval_every
         self.eval_s, self.evals = 0.0, 0
         # The ETA's origin: the end of the first step logged. That step compiles the rollout and
-        # train programs (a tiny CPU run: ~20 s against ~3 s for the steps after it), so counting
-        # it predicted 9.5 min for a 2-min run.
+        # train programs (the tiny demo on a loaded 2-core machine: 113 s, then 15 s for step 2),
+        # so counting it over the run predicted 9.5 min for a 2-min run.
         self.warm: tuple[int, float, float] | None = None  # (step, time, eval_s) then
         if not write:
             return
