@@ -15,7 +15,7 @@ from jaxscaffold import config as config_lib
 from jaxscaffold import seeds
 from jaxscaffold.config import RunConfig
 from jaxscaffold.models import config as model_config_lib
-from jaxscaffold.models import hf_io, qwen3
+from jaxscaffold.models import hf_io, hub, qwen3
 from jaxscaffold.models import lora as lora_lib
 from jaxscaffold.models.local_mesh import local_mesh, local_rules
 from jaxscaffold.models.sharding import MeshConfig, make_mesh, maybe_initialize_distributed
@@ -72,7 +72,7 @@ def model_config(cfg: RunConfig) -> model_config_lib.Qwen3Config:
     execution = dict(param_dtype=base_dtype(cfg), compute_dtype=m.compute_dtype, scan_layers=m.scan_layers,
                      remat_policy=m.remat_policy)
     if m.hf_path:
-        path = os.path.join(m.hf_path, "config.json")
+        path = os.path.join(hub.resolve(m.hf_path), "config.json")
         try:
             with open(path) as f:
                 hf = json.load(f)
@@ -96,7 +96,7 @@ def build_model(cfg: RunConfig, mesh):
     """(model config, params) from an HF directory, or a random init of a preset."""
     m = cfg.model
     if m.hf_path:
-        return hf_io.load_pretrained(m.hf_path, dtype=base_dtype(cfg), mesh=mesh, compute_dtype=m.compute_dtype,
+        return hf_io.load_pretrained(hub.resolve(m.hf_path), dtype=base_dtype(cfg), mesh=mesh, compute_dtype=m.compute_dtype,
                                      scan_layers=m.scan_layers, remat_policy=m.remat_policy)
     config = model_config(cfg)
     return config, qwen3.init_params(config, jax.random.key(seeds.derive(cfg.seed, "init")), mesh=mesh)
@@ -105,9 +105,9 @@ def build_model(cfg: RunConfig, mesh):
 def tokenizer_path(m) -> str | None:
     """The configured tokenizer dir; else the checkpoint's own, if it has one; else None (offline)."""
     if m.tokenizer:
-        return m.tokenizer
-    if m.hf_path and os.path.exists(os.path.join(m.hf_path, "tokenizer_config.json")):
-        return m.hf_path
+        return hub.resolve(m.tokenizer, "model.tokenizer")
+    if m.hf_path and os.path.exists(os.path.join(hub.resolve(m.hf_path), "tokenizer_config.json")):
+        return hub.resolve(m.hf_path)
     return None
 
 
