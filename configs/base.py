@@ -11,9 +11,9 @@ def get_config() -> ConfigDict:
     c.steps = 200  # training steps (one rollout batch + its optimizer steps each)
 
     c.model = ConfigDict()
-    c.model.hf_path = ""  # local HF checkpoint directory; empty: random init of `preset`
+    c.model.hf_path = ""  # HF checkpoint: a local directory or a hub id (Qwen/Qwen3-4B: from the hub cache, downloaded there unless HF_HUB_OFFLINE); empty: random init of `preset`
     c.model.preset = "qwen3-4b"  # jaxscaffold.models.config preset name, or "tiny"
-    c.model.tokenizer = ""  # HF tokenizer directory; empty: hf_path's, else the offline Qwen3 one
+    c.model.tokenizer = ""  # HF tokenizer: a directory or a hub id; empty: hf_path's, else the offline Qwen3 one
     c.model.vocabulary = ""  # word-level testbed vocabulary (rooms): its WordTokenizer, and a preset's embedding resized to it; empty: the tokenizer above
     c.model.param_dtype = "float32"  # master weights
     c.model.compute_dtype = "bfloat16"  # matmuls (accumulated in f32)
@@ -79,7 +79,7 @@ def get_config() -> ConfigDict:
     # loopback chat endpoint that pool workers and in-process envs alike call (one per process).
     c.envs.tau2_user = ConfigDict()
     c.envs.tau2_user.mode = "model"  # model (served by our sampler: hf_path or preset) | endpoint (url, e.g. launch/serve_chat.py) | none (no user: explicit)
-    c.envs.tau2_user.hf_path = ""  # mode model: a local HF chat model directory (with its tokenizer)
+    c.envs.tau2_user.hf_path = ""  # mode model: an HF chat model (with its tokenizer), a local directory or a hub id
     c.envs.tau2_user.preset = ""  # mode model: instead, random weights of a preset ("tiny": tests) with the offline Qwen3 tokenizer
     c.envs.tau2_user.url = ""  # mode endpoint: an OpenAI-compatible base URL, e.g. http://127.0.0.1:8011/v1
     c.envs.tau2_user.temperature = 0.0  # the user's sampling temperature (tau2's default: 0.0; 0 is greedy)

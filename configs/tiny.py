@@ -1,9 +1,18 @@
 """The embedded default: the whole loop on CPU in minutes with a tiny random Qwen3 on the
 real Qwen3 vocabulary. It trains on the `letters` task, where the reward visibly rises, and
-evaluates on letters and on real ScienceWorld and BFCL v3 tasks (a random model scores 0
-there: the point is that the real environments run end to end). They are evaluated only:
-their prompts (~300-500 tokens for ScienceWorld, ~2.5-3.7k with BFCL's function docs) would
-make a train step that contains one about 8x (ScienceWorld) to 64x (BFCL) dearer than a letters step."""
+evaluates on held-out letters tasks: the score it reports is the one it learns. The real
+environments run end to end with a random model too, but score 0 there (it cannot solve them),
+which read as failure beside the letters score; to watch them run, add
+`--config.envs.eval=letters:test:8,sciworld:test:2,bfcl:validation:2 --config.eval.max_len=4096`
+(BFCL's system prompt holds the function docs, up to ~3.7k tokens; each is reported as its own
+`eval/success_ENV`). They are not trained on: their prompts (~300-500 tokens for ScienceWorld,
+~2.5-3.7k for BFCL) would make a step that holds one about 8x to 64x dearer than a letters step.
+
+Checkpoints: one is kept (`checkpoint.keep = 1`): the run's out_dir is 104 MB (measured), where
+three made 311 MB. A full checkpoint holds the parameters and Adam's two moments in f32, 3 x 39
+MB nominal (the 151,936 x 64 embedding is most of the 9.8M parameters); a params-only one would
+be a third of that, but a run cannot resume from it, and resuming an interrupted demo is what
+the checkpoint is for."""
 
 import os
 import sys
@@ -28,13 +37,13 @@ def get_config():
     c.rollout.max_len = 128
     c.rollout.enable_thinking = False
     c.envs.train = "letters"
-    c.envs.eval = "letters:test:8,sciworld:test:2,bfcl:validation:2"  # env:split:n tasks (balanced over categories)
+    c.envs.eval = "letters:test:8"  # env:split:n tasks: the task it trains, held out
     c.envs.num_workers = 1
     c.feedback.schedule = "none"
     c.eval.every = 15  # at 15 the letters reward starts rising, at 30 it has
     c.eval.tasks = 0  # no cap: the counts of envs.eval
-    c.eval.batch_size = 2  # eval rows: a BFCL prompt's prefill (4096 bucket) costs ~5 s a row on CPU
+    c.eval.batch_size = 2  # eval rows (a BFCL prompt's prefill, when evaluated, costs ~5 s a row on CPU)
     c.eval.max_turns = 1
-    c.eval.max_len = 4096  # BFCL's system prompt holds the function docs (up to ~3.7k tokens)
     c.checkpoint.every = 10
+    c.checkpoint.keep = 1  # a full checkpoint is 104 MB here (see above)
     return c

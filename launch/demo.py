@@ -1,11 +1,13 @@
-"""A quick tour without training: a tiny random Qwen3 on the real Qwen3
-vocabulary goes through the model, HF export and the sampler.
+"""A tour of the model pieces, one at a time, on a tiny random Qwen3 with the real Qwen3
+vocabulary (the training loop itself is `bash launch/dev.sh demo`: `launch/tpu_train.py
+--config tiny.py`):
 
   init (sharded over all devices) -> export to an HF directory (with the offline tokenizer)
   -> load it back, streaming -> render a chat to ids -> sample a multi-turn rollout with the
   KV-cache sampler -> check the sampler's logprobs against a teacher-forced forward.
 
-Run: `bash launch/dev.sh demo` (or `python launch/demo.py --out DIR`).
+Run: `python launch/demo.py [--out DIR]` (without --out the export goes to a temporary
+directory, removed at the end).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from jaxscaffold.rollout.sampling import SamplingConfig
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=None, help="where to write the HF export (default: a temp dir)")
+    parser.add_argument("--out", default=None, help="where to write the HF export (default: a temporary dir, removed)")
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=24)
     args = parser.parse_args()
@@ -43,7 +45,12 @@ def main() -> None:
     print(f"[model] tiny Qwen3: {config.num_params() / 1e6:.1f}M parameters on {jax.device_count()} "
           f"{jax.default_backend()} device(s), mesh {dict(mesh.shape)}")
 
-    out = args.out or tempfile.mkdtemp(prefix="jaxscaffold-demo-")
+    with tempfile.TemporaryDirectory(prefix="jaxscaffold-demo-") as scratch:
+        tour(args, mesh, config, params, args.out or scratch, t0)
+
+
+def tour(args, mesh, config, params, out: str, t0: float) -> None:
+    """Everything after the init, with the HF export written to `out`."""
     hf_io.save_pretrained(out, config, params, tokenizer_dir=str(cached_hf_tokenizer_dir()))
     config, params = hf_io.load_pretrained(out, mesh=mesh)
     print(f"[hf] exported to and reloaded from {out}: {sorted(os.listdir(out))}")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command per job on a fresh machine: sets up .venv (once), then runs the job.
 #   bash launch/dev.sh demo    # the main job on the embedded default (configs/tiny.py, CPU)
-#   bash launch/dev.sh test    # the whole test suite   (test-quick: without slow tests)
+#   bash launch/dev.sh test    # the whole test suite, a line per test
+#   bash launch/dev.sh test-quick    # a few fast tests per module (tests/quick_suite.txt)
 #   bash launch/dev.sh bench train   # a benchmark (launch/bench.py), with the same allocator
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.jaxscaffold-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "setting up .venv (once; a few quiet minutes): pip; PyTorch 2.13, CPU build (the tests' reference);" \
+       "jaxscaffold with its test, envs, rwml, tau2 and wandb extras (JAX for CPU, transformers, ScienceWorld," \
+       "tau2-bench, wandb ...); then bfcl-eval, ALFWorld and textworld, and fast-downward and jericho" \
+       "(built from source)" >&2
   .venv/bin/pip install -q --upgrade pip
   # The CPU build of PyTorch is the parity reference (transformers' Qwen3) in tests;
   # pinning it first keeps pip from pulling a multi-GB CUDA build.
@@ -20,6 +25,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # The package, its extras and the benchmark packages installed without their dependencies.
   bash launch/install_packages.sh .venv/bin/pip test,envs,rwml,tau2,wandb
   touch "$stamp"
+  echo "set up: .venv ready" >&2
 fi
 
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -33,8 +39,11 @@ if [ -n "$tcmalloc" ] && [ -z "${JAXSCAFFOLD_NO_TCMALLOC:-}" ]; then
 fi
 case "$job" in
   demo) exec .venv/bin/python launch/tpu_train.py --config tiny.py "$@" ;;
-  test) exec .venv/bin/python -m pytest -q -n 2 --durations=15 "$@" ;;
-  test-quick) exec .venv/bin/python -m pytest -q -n 2 -m "not slow" "$@" ;;
+  # -v: a line per test, naming its module, as it finishes (-q printed dots only)
+  test) exec .venv/bin/python -m pytest -v -n 2 --durations=15 "$@" ;;
+  test-quick)
+    mapfile -t quick < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' tests/quick_suite.txt | grep -v '^$')
+    exec .venv/bin/python -m pytest -v -n 2 --durations=10 "${quick[@]}" "$@" ;;
   bench) exec .venv/bin/python launch/bench.py "$@" ;;
   *) echo "usage: bash launch/dev.sh {demo|test|test-quick|bench} [args]" >&2; exit 2 ;;
 esac

@@ -61,7 +61,7 @@ def record(ep, tokenizer=None) -> dict:
     """An episode as `--out` writes it (and `train.evaluation.score_metrics` reads it)."""
     out = {"env": ep.task.env, "task_id": ep.task.task_id, "split": ep.task.split, "category": ep.task.category,
            "tags": list(ep.task.tags), "reward": float(ep.reward), "won": bool(ep.won and ep.failure is None), "failed": ep.failure is not None,
-           "failure": ep.failure, "steps": ep.steps, "truncated": ep.truncated,
+           "failure": ep.failure, "end_reason": ep.end_reason, "steps": ep.steps, "truncated": ep.truncated,
            "observations": list(ep.observations), "actions": list(ep.actions),
            "feedback": [list(f) for f in ep.feedback]}
     if tokenizer is not None and len(ep.conversation):
@@ -69,9 +69,20 @@ def record(ep, tokenizer=None) -> dict:
     return out
 
 
+def lost_because(r: dict) -> str:
+    """Why an episode was lost: the env's own reason, else out of turns, else its last words."""
+    if r.get("end_reason"):
+        return r["end_reason"]
+    if r["truncated"]:
+        return "out of turns"
+    last = next((o for o in reversed(r["observations"]) if o.strip()), "")
+    last = " ".join(last.split())
+    return f"ended without a win; last observation: {last[:120]!r}" if last else "ended without a win"
+
+
 def episode_line(r: dict) -> str:
-    result = f"FAILED ({r['failure']})" if r["failed"] else ("won" if r["won"] else "lost") + \
-        (" (out of turns)" if r["truncated"] else "")
+    result = (f"FAILED ({r['failure']})" if r["failed"] else "won" if r["won"]
+              else f"lost ({lost_because(r)})")
     category = f" [{r['category']}]" if r["category"] else ""
     return f"{r['env']} {r['task_id']}{category}: reward {r['reward']:.3f}, {r['steps']} steps, {result}"
 
@@ -177,10 +188,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.policy == "model" and not (args.checkpoint or args.hf or base is not None and base.model.hf_path):
         fail("--policy model needs --checkpoint or --hf (or a --config with model.hf_path)")
     overrides = [a[len("--config."):] for a in (sys.argv[1:] if argv is None else argv) if a.startswith("--config.")]
+    from jaxscaffold.train.checkpoint import CheckpointNotFound
+    from tpu_train import user_errors  # launch/, this script's folder: one list of bad-input errors
     try:
         results = (run_gold(tasks, args.workers) if args.policy == "gold"
                    else run_model(args, tasks, base, overrides))
-    except config_lib.ConfigError as e:
+    except (CheckpointNotFound, *user_errors()) as e:  # a missing model or checkpoint, a bad override
         fail(str(e))
     for r in results:
         print(episode_line(r))

@@ -8,8 +8,8 @@ train step compiled for the run's largest batch, under its remat policy), the sa
 and KV cache; the peak of the train and rollout phases against the device's memory, and what to
 change when it does not fit. Without an accelerator the mesh is made of fake CPU devices
 (`--devices`), so the activation figure is XLA:CPU's estimate of the accelerator's.
-`--search` doubles rl.micro_batches (recompiling) until the train phase fits, and says how many
-it takes. Exit code 0 when the plan fits, 1 when it does not, 2 on a bad argument.
+`--search` doubles rl.micro_batches (recompiling) until the train phase fits, and says why it
+stopped: the number that fits, or that one row per device a micro-batch still does not. Exit code 0 when the plan fits, 1 when it does not, 2 on a bad argument.
 """
 
 from __future__ import annotations
@@ -63,11 +63,19 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         result = memory_plan.plan(cfg, hbm_bytes=hbm_gb * 1e9, devices=jax.devices()[:devices], platform=platform)
-        while args.search and result.train_peak > result.hbm_bytes:
+        searched = None  # why --search stopped
+        while args.search:
+            if result.train_peak <= result.hbm_bytes:
+                searched = f"the train phase fits with rl.micro_batches={cfg.rl.micro_batches}"
+                break
             mb = cfg.rl.micro_batches * 2
             data_parallel = devices // max(1, cfg.mesh.tensor)
-            if mb * data_parallel > memory_plan.worst_case_batch(cfg)[0]:
-                break  # past one row per device a micro-batch: only padding rows would be added
+            rows = memory_plan.worst_case_batch(cfg)[0]
+            if mb * data_parallel > rows:  # past one row per device a micro-batch: only padding rows would be added
+                searched = (f"the train phase does not fit even at rl.micro_batches={cfg.rl.micro_batches}, one row "
+                            f"per device ({rows} rows over {data_parallel} data-parallel devices); more micro-batches "
+                            "would add only padding rows: see the advice")
+                break
             cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, micro_batches=mb))
             result = memory_plan.plan(cfg, hbm_bytes=hbm_gb * 1e9, devices=jax.devices()[:devices], platform=platform)
     except (ValueError, OSError) as e:  # a mesh that does not divide the devices, a missing checkpoint
@@ -75,7 +83,8 @@ def main(argv: list[str]) -> int:
         return 2
     advice = result.advice(cfg)
     if args.json:
-        print(json.dumps({**result.to_dict(), "micro_batches": cfg.rl.micro_batches, "advice": advice}))
+        print(json.dumps({**result.to_dict(), "micro_batches": cfg.rl.micro_batches, "advice": advice,
+                          **({"search": searched} if searched else {})}))
     else:
         where = args.target or f"{devices} devices"
         print(f"memory plan per device, {where} of {hbm_gb:g} GB (rl.micro_batches={cfg.rl.micro_batches}):")
@@ -84,6 +93,8 @@ def main(argv: list[str]) -> int:
             print(f"note: {note}")
         for line in advice:
             print(f"- {line}")
+        if searched:
+            print(f"search stopped: {searched}")
     return 0 if result.fits() else 1
 
 

@@ -27,8 +27,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from jaxscaffold import config as config_lib  # noqa: E402
 from jaxscaffold.studies import report, runner  # noqa: E402
+from tpu_train import user_errors  # noqa: E402  (launch/, this script's folder: one list of bad-input errors)
 
 
 def study_path(value: str) -> str:
@@ -89,7 +89,7 @@ def main(argv: list[str]) -> int:
             if args.base_only:
                 return 0
             runner.run_study(study, os.path.join(ROOT, "configs"), shard=parse_shard(args.shard))
-    except (runner.StudyError, config_lib.ConfigError) as e:
+    except (runner.StudyError, *user_errors()) as e:  # bad input, as tpu_train.py reports it: one line
         print(f"error: {e}", file=sys.stderr)
         return 2
     summary = report.write_report(study)

@@ -1,9 +1,9 @@
-"""launch/device_check.py on CPU with tiny shapes: every part runs and reports, parity holds."""
+"""launch/device_check.sh / .py on CPU with tiny shapes: every part runs and reports, parity
+holds; the script runs the checkout's python and passes its flags on."""
 
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.mark.slow
 def test_the_device_check_runs_on_cpu(tmp_path):
     out = tmp_path / "check.json"
-    run = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "device_check.py"), "--quick", "--out", str(out)],
+    run = subprocess.run(["bash", os.path.join(ROOT, "launch", "device_check.sh"), str(out), "--quick"],
                          capture_output=True, text=True, timeout=900, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.load(open(out))
@@ -39,3 +39,13 @@ def test_the_kernel_parts_run_on_cpu(tmp_path):
     assert [d["fill"] for d in report["decode_fill"]] == [0.125, 0.5, 1]
     assert all(d["step_s"] > 0 and d["over_bytes_model"] > 0 for d in report["decode_fill"])
     assert "parity" not in report and ("skipped" in report["rollout"] or isinstance(report["rollout"], list))
+
+
+def test_the_script_passes_flags_on_to_the_checkouts_python(tmp_path):
+    # PATH without the venv: the system python3 has no jax, so only .venv/bin/python gets as
+    # far as argparse, which names the flag it did not expect (a flag, not an output file).
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "OUT": str(tmp_path)}
+    run = subprocess.run(["bash", os.path.join(ROOT, "launch", "device_check.sh"), "--no-such-flag"],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 2 and "unrecognized arguments: --no-such-flag" in run.stderr, run.stderr[-2000:]
+    assert not (tmp_path / "--no-such-flag").exists() and not list(tmp_path.iterdir())

@@ -6,7 +6,8 @@ with ALFWorld's own `AlfredDemangler` (readable, numbered object names such as "
 `AlfredInfos` wrappers, as ALFWorld's `AlfredTWEnv` does, so observations and admissible
 commands are the official ones.
 
-Data layout (what ALFWorld's download produces under `$ALFWORLD_DATA`)::
+Data layout (what `python -m jaxscaffold.envs.alfworld_data unpack ARCHIVE` writes under
+`$ALFWORLD_DATA`, as ALFWorld's own download does)::
 
     <data_dir>/json_2.1.1/<split>/<task-folder>/<trial>/game.tw-pddl
 
@@ -51,12 +52,13 @@ import unicodedata
 from pathlib import Path
 from typing import Any, Iterable
 
+from jaxscaffold.envs import alfworld_data
 from jaxscaffold.envs.actions import action_of
 from jaxscaffold.envs.base import EnvError, Observation, StepResult, Task
 
 NAME = "alfworld"
-SPLITS = ("train", "valid_seen", "valid_unseen")
-DEFAULT_DATA_DIR = "~/.cache/alfworld"  # ALFWorld's own default (alfworld.info), without importing it
+SPLITS = alfworld_data.SPLITS
+DEFAULT_DATA_DIR = alfworld_data.DEFAULT_DATA_DIR  # ALFWorld's own default (alfworld.info), without importing it
 SPLIT_ALIASES = {
     "eval_in_distribution": "valid_seen",
     "eval_out_of_distribution": "valid_unseen",
@@ -71,8 +73,8 @@ TASK_TYPES = (
     "pick_cool_then_place_in_recep",
     "pick_two_obj_and_place",
 )
-DATA_SUBDIR = "json_2.1.1"
-GAME_FILE = "game.tw-pddl"
+DATA_SUBDIR = alfworld_data.DATA_SUBDIR
+GAME_FILE = alfworld_data.GAME_FILE
 NOTHING_HAPPENS = "Nothing happens."
 EPISODE_OVER = "The episode is over."
 MAX_ACTION_CHARS = 300  # longer cleaned text cannot be an ALFWorld command
@@ -91,21 +93,16 @@ _INSTALL_HINT = (
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path:
     """The `json_2.1.1` folder from `data_dir` (its parent, or the folder itself), else
-    `$ALFWORLD_DATA`, else ALFWorld's own default (`~/.cache/alfworld`, where its
-    `alfworld-download` puts them); a clear `FileNotFoundError` saying how to get them otherwise."""
-    if data_dir is not None:
-        source, root = "data_dir", Path(data_dir).expanduser()
-    elif os.environ.get("ALFWORLD_DATA"):
-        source, root = "$ALFWORLD_DATA", Path(os.environ["ALFWORLD_DATA"]).expanduser()
-    else:
-        source, root = "ALFWorld's default location", Path(DEFAULT_DATA_DIR).expanduser()
+    `$ALFWORLD_DATA`, else ALFWorld's own default (`~/.cache/alfworld`); a `FileNotFoundError`
+    saying which variable to set and which command unpacks the files otherwise."""
+    source, root = alfworld_data.data_dir(data_dir)
     for candidate in (root / DATA_SUBDIR, root):
         if any((candidate / s).is_dir() for s in SPLITS):
             return candidate
     raise FileNotFoundError(
-        f"ALFWorld game files not found under {source} {str(root)!r}: expected {_LAYOUT} with splits "
-        f"{', '.join(SPLITS)}. They are not on PyPI: set $ALFWORLD_DATA to a folder holding an unpacked "
-        "json_2.1.1.tar.xz, or run `alfworld-download` (ALFWorld's own downloader, to ~/.cache/alfworld).")
+        f"ALFWorld game files not found under {source} {str(root)!r}: expected {_LAYOUT}. Get "
+        f"{alfworld_data.ARCHIVE_SOURCE}, run `{alfworld_data.UNPACK_COMMAND}` (it unpacks into "
+        "$ALFWORLD_DATA, default ~/.cache/alfworld) and set $ALFWORLD_DATA to that folder.")
 
 
 def parse_task_folder(folder: str) -> dict[str, Any]:

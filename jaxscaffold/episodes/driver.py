@@ -74,6 +74,8 @@ def run_episodes(agent: Agent, envs: EnvBatch, tasks: Sequence[Task], groups: Se
             ep.won = ep.won or bool(res.info.get("won", False))
             if res.done:
                 ep.done = True
+                if not ep.won and res.info.get("failure"):
+                    ep.end_reason = ": ".join(str(x) for x in (res.info["failure"], res.info.get("failure_message")) if x)
                 continue
             nxt[i] = seen(i, res.observation)
         for i in agent.observe(episodes, nxt):

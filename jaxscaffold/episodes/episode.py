@@ -19,6 +19,9 @@ class Episode:
     done: bool = False
     truncated: bool = False  # out of turns or context before the env said done
     failure: str | None = None
+    # The env's own account of how it ended unwon, where it gives one (BFCL: info "failure" and
+    # "failure_message", e.g. a turn's state mismatch); "" otherwise.
+    end_reason: str = ""
     feedback: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (episode step, kind)
     actions: list[str] = dataclasses.field(default_factory=list)  # the actions the env read
     # The env's own observation texts (before feedback): the reset one, then one per step.

@@ -17,7 +17,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from jaxscaffold import config as config_lib
-from jaxscaffold.models import hf_io, peft_io, qwen3
+from jaxscaffold.models import hf_io, hub, peft_io, qwen3
 from jaxscaffold.models import lora as lora_lib
 from jaxscaffold.models.tokenizer import cached_hf_tokenizer_dir
 from jaxscaffold.train.checkpoint import (
@@ -72,8 +72,8 @@ def export_checkpoint(checkpoint: str, out: str, *, step: int | None = None, dty
         typed = config_lib.typed(cfg)
         read = _trained(arrays) if lora is None else _merged(typed, config, lora, arrays)
         vocabulary = cfg.model.get("vocabulary")  # a testbed's words: its own tokenizer and ids, not Qwen's
-        tokenizer_dir = None if vocabulary else (cfg.model.tokenizer or cfg.model.hf_path
-                                                 or str(cached_hf_tokenizer_dir()))
+        named = cfg.model.tokenizer or cfg.model.hf_path  # a directory or a hub id
+        tokenizer_dir = None if vocabulary else (hub.resolve(named) if named else str(cached_hf_tokenizer_dir()))
         words = word_tokenizer(vocabulary) if vocabulary else None
         tokens = hf_io.SpecialTokens() if words is None else hf_io.SpecialTokens.of(words)
         hf_io.save_pretrained_from(out, config, read, tokenizer_dir=tokenizer_dir, dtype=dtype,
@@ -99,7 +99,7 @@ def _merged(cfg, config, lora, arrays):
     """Blocks of a LoRA run's merged weights, as `lora.merge` computes them: the base in
     `lora.base_dtype` (as the run held it), a target W + (alpha / r) a @ b summed in f32."""
     if cfg.model.hf_path:
-        base_read = hf_io.param_reader(cfg.model.hf_path, config)
+        base_read = hf_io.param_reader(hub.resolve(cfg.model.hf_path), config)
     else:  # a preset's seeded init, in memory (presets are small)
         _, base = build_model(cfg, None)
         base_read = lambda path, index: np.asarray(_get(base, path)[index])

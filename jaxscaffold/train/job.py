@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jaxscaffold import config as config_lib
 from jaxscaffold import seeds
 from jaxscaffold.config import RunConfig
-from jaxscaffold.models import hf_io, qwen3
+from jaxscaffold.models import hf_io, hub, qwen3
 from jaxscaffold.models import lora as lora_lib
 from jaxscaffold.models.sharding import make_mesh, maybe_initialize_distributed
 from jaxscaffold.models.tokenizer import load_tokenizer
@@ -54,7 +54,7 @@ def build_model(cfg: RunConfig, mesh):
     """(model config, params) from an HF directory, or a random init of a preset."""
     m = cfg.model
     if m.hf_path:
-        return hf_io.load_pretrained(m.hf_path, dtype=base_dtype(cfg), mesh=mesh, compute_dtype=m.compute_dtype,
+        return hf_io.load_pretrained(hub.resolve(m.hf_path), dtype=base_dtype(cfg), mesh=mesh, compute_dtype=m.compute_dtype,
                                      scan_layers=m.scan_layers, remat_policy=m.remat_policy)
     config = model_config(cfg)
     return config, qwen3.init_params(config, jax.random.key(seeds.derive(cfg.seed, "init")), mesh=mesh)
@@ -63,9 +63,9 @@ def build_model(cfg: RunConfig, mesh):
 def tokenizer_path(m) -> str | None:
     """The configured tokenizer dir; else the checkpoint's own, if it has one; else None (offline)."""
     if m.tokenizer:
-        return m.tokenizer
-    if m.hf_path and os.path.exists(os.path.join(m.hf_path, "tokenizer_config.json")):
-        return m.hf_path
+        return hub.resolve(m.tokenizer, "model.tokenizer")
+    if m.hf_path and os.path.exists(os.path.join(hub.resolve(m.hf_path), "tokenizer_config.json")):
+        return hub.resolve(m.hf_path)
     return None
 
 

@@ -18,7 +18,7 @@ import jax
 from jaxscaffold import config as config_lib
 from jaxscaffold.config import RunConfig
 from jaxscaffold.models import config as model_config_lib
-from jaxscaffold.models import hf_io, qwen3
+from jaxscaffold.models import hf_io, hub, qwen3
 from jaxscaffold.models import lora as lora_lib
 from jaxscaffold.models.local_mesh import local_mesh, local_rules
 from jaxscaffold.models.sharding import MeshConfig
@@ -55,7 +55,7 @@ def model_config(cfg: RunConfig) -> model_config_lib.Qwen3Config:
     execution = {"param_dtype": base_dtype(cfg), "compute_dtype": m.compute_dtype, "scan_layers": m.scan_layers,
                  "remat_policy": m.remat_policy}
     if m.hf_path:
-        path = os.path.join(m.hf_path, "config.json")
+        path = os.path.join(hub.resolve(m.hf_path), "config.json")
         try:
             with open(path) as f:
                 hf = json.load(f)

@@ -105,14 +105,15 @@ class Wandb:
 
 
 def eta_s(*, step: int, total: int, start: int, elapsed_s: float, eval_s: float, evals: int,
-          eval_every: int) -> tuple[float, int]:
+          eval_every: int, eval_total_s: float | None = None) -> tuple[float, int]:
     """(seconds left, evaluations left whose time is not known yet). A training step costs the
-    wall time so far less the evaluations' over the steps done; each evaluation still due (every
-    `eval_every` steps) the mean of those measured."""
+    wall time since step `start` less the evaluations' in it (`eval_s`) over the steps since;
+    each evaluation still due (every `eval_every` steps) the mean of the `evals` measured
+    (`eval_total_s`, default `eval_s`, over them)."""
     per_step = max(elapsed_s - eval_s, 0.0) / max(step - start, 1)
     due = sum(1 for k in range(step + 1, total + 1) if eval_every and k % eval_every == 0)
     if evals:
-        return per_step * (total - step) + eval_s / evals * due, 0
+        return per_step * (total - step) + (eval_s if eval_total_s is None else eval_total_s) / evals * due, 0
     return per_step * (total - step), due
 
 
@@ -134,10 +135,14 @@ class MetricLogger:
 
     def __init__(self, out_dir: str, *, total_steps: int, start: int = 0, stream=sys.stderr, write: bool = True,
                  eval_every: int = 0, config: dict | None = None, wandb: str = "off",
-                 wandb_project: str = "jaxscaffold"):
+                 wandb_project: str = "jaxscaffold", clock=time.perf_counter):
         self.out_dir, self.total, self.start, self.enabled = out_dir, total_steps, start, write
-        self.stream, self.t0, self.eval_every = stream, time.perf_counter(), eval_every
+        self.stream, self.clock, self.eval_every = stream, clock, eval_every
         self.eval_s, self.evals = 0.0, 0
+        # The ETA's origin: the end of the first step logged. That step compiles the rollout and
+        # train programs (the tiny demo on a loaded 2-core machine: 113 s, then 15 s for step 2),
+        # so counting it over the run predicted 9.5 min for a 2-min run.
+        self.warm: tuple[int, float, float] | None = None  # (step, time, eval_s) then
         if not write:
             return
         self.backends = [TensorBoard(out_dir, config)]
@@ -166,14 +171,22 @@ class MetricLogger:
         self.jsonl.flush()
         if "time/eval_s" in metrics:
             self.eval_s, self.evals = self.eval_s + metrics["time/eval_s"], self.evals + 1
-        eta, unknown = eta_s(step=step, total=self.total, start=self.start, elapsed_s=time.perf_counter() - self.t0,
-                             eval_s=self.eval_s, evals=self.evals, eval_every=self.eval_every)
+        now = self.clock()
+        if self.warm is None and step > self.start:
+            self.warm = (step, now, self.eval_s)
+        if self.warm is None or (step == self.warm[0] and step < self.total):
+            eta_text = "eta after step " + str((self.warm or (self.start,))[0] + 1)  # nothing measured yet
+        else:
+            first, since, eval_before = self.warm
+            eta, unknown = eta_s(step=step, total=self.total, start=first, elapsed_s=now - since,
+                                 eval_s=self.eval_s - eval_before, evals=self.evals, eval_every=self.eval_every,
+                                 eval_total_s=self.eval_s)
+            eta_text = f"eta {duration(eta)}" + (f" + {unknown} eval{'s' if unknown > 1 else ''}" if unknown else "")
         bar = "#" * int(20 * step / max(self.total, 1))
         labels = {"rollout/reward": "reward", "rollout/success": "success", "train/entropy": "entropy"}
         shown = "  ".join(f"{label} {metrics[k]:.3f}" for k, label in labels.items() if k in metrics)
         arm = f"  arm {metrics['feedback/arm']}" if "feedback/arm" in metrics else ""
-        evals = f" + {unknown} eval{'s' if unknown > 1 else ''}" if unknown else ""
-        print(f"\r[{bar:<20}] step {step}/{self.total}  {shown}{arm}{eval_line(metrics)}  eta {duration(eta)}{evals}",
+        print(f"\r[{bar:<20}] step {step}/{self.total}  {shown}{arm}{eval_line(metrics)}  {eta_text}",
               file=self.stream, flush=True)
 
     def close(self, history: list[dict]) -> None:

@@ -38,7 +38,10 @@ def serve(u: Tau2User):
     from jaxscaffold.rollout.chat_server import ChatServer
     options = dict(max_len=u.max_len, slots=u.slots, enable_thinking=u.enable_thinking)
     if u.hf_path:  # weights in the compute dtype: the user model only samples (no f32 master copy)
-        server = ChatServer.from_pretrained(u.hf_path, compute_dtype=u.compute_dtype, dtype=u.compute_dtype,
+        from jaxscaffold.models import hub
+
+        server = ChatServer.from_pretrained(hub.resolve(u.hf_path, "envs.tau2_user.hf_path"),
+                                            compute_dtype=u.compute_dtype, dtype=u.compute_dtype,
                                             model_name=u.hf_path, **options)
     else:
         server = ChatServer.from_preset(u.preset, seed=u.seed, compute_dtype=u.compute_dtype, **options)

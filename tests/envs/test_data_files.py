@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from jaxscaffold.envs import alfworld
+from jaxscaffold.envs import alfworld, alfworld_data
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "jaxscaffold"
 
@@ -40,11 +40,11 @@ def test_no_code_names_an_absolute_machine_path():
 
 def test_alfworld_data_errors_say_how_to_get_the_files(tmp_path, monkeypatch):
     monkeypatch.delenv("ALFWORLD_DATA", raising=False)
-    monkeypatch.setattr(alfworld, "DEFAULT_DATA_DIR", str(tmp_path / "nothing"))
-    with pytest.raises(FileNotFoundError, match=r"ALFWorld's default location.*\$ALFWORLD_DATA.*alfworld-download"):
+    monkeypatch.setattr(alfworld_data, "DEFAULT_DATA_DIR", str(tmp_path / "nothing"))
+    with pytest.raises(FileNotFoundError, match=r"ALFWorld's default location.*alfworld_data unpack ARCHIVE.*\$ALFWORLD_DATA"):
         alfworld.resolve_data_dir()
     (tmp_path / "cache" / "json_2.1.1" / "valid_seen").mkdir(parents=True)
-    monkeypatch.setattr(alfworld, "DEFAULT_DATA_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(alfworld_data, "DEFAULT_DATA_DIR", str(tmp_path / "cache"))
     assert alfworld.resolve_data_dir() == tmp_path / "cache" / "json_2.1.1"
     monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "elsewhere"))
     with pytest.raises(FileNotFoundError, match=r"\$ALFWORLD_DATA"):

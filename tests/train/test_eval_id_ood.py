@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from tests.envs.conftest import alfworld_data, alfworld_tarball  # noqa: F401  (shared fixtures)
+from tests.envs.conftest import alfworld_data  # noqa: F401  (shared fixtures)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

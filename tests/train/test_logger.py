@@ -23,6 +23,33 @@ def test_eta_counts_the_evaluations_still_due():
     assert [duration(s) for s in (42, 725, 11040)] == ["42s", "12m05s", "3h04m"]
 
 
+def test_the_first_eta_is_within_2x_of_the_time_left(tmp_path):
+    # A run as the tiny demo's: the first step compiles (40 s), the next ones take 3 s, an
+    # evaluation every 10 steps takes 8 s (the first one 20 s, compiling). The first ETA shown
+    # counts neither compile as a step's cost.
+    now = [0.0]
+    stream = io.StringIO()
+    logger = MetricLogger(str(tmp_path), total_steps=30, stream=stream, eval_every=10, clock=lambda: now[0])
+    ends = {}
+    for step in range(1, 31):
+        now[0] += 40.0 if step == 1 else 3.0
+        metrics = {"step": step, "rollout/reward": 0.1}
+        if step % 10 == 0:
+            metrics["time/eval_s"] = 20.0 if step == 10 else 8.0
+            now[0] += metrics["time/eval_s"]
+        ends[step] = now[0]
+        logger.log(step, metrics)
+    logger.close([])
+    lines = [line.strip("\r") for line in stream.getvalue().split("\n") if line.strip("\r")]
+    assert lines[0].endswith("eta after step 2")
+    first_eta = lines[1].split("eta ")[1]  # step 2: 28 steps of 3 s, then 3 evaluations not yet timed
+    assert first_eta == "1m24s + 3 evals"
+    left = ends[30] - ends[2]  # 84 s of steps and 36 s of evaluations
+    assert left / 2 <= 84 <= left * 2
+    eta_at_10 = lines[9].split("eta ")[1]  # one evaluation measured: the other two at its 20 s
+    assert eta_at_10 == duration(20 * 3 + 2 * 20) and lines[-1].endswith("eta 0s")
+
+
 def _events(tb_dir):
     """Every Event of the TFRecord files under `tb_dir` (length, crc, payload, crc records)."""
     from tensorboardX.proto.event_pb2 import Event
@@ -64,7 +91,7 @@ def test_tensorboard_gets_scalars_hparams_and_the_config(tmp_path):
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [h["step"] for h in lines] == [1, 2, 3]
     shown = [line.strip("\r") for line in stream.getvalue().split("\n")]
-    assert shown[0].endswith("+ 1 eval")  # step 1: the evaluation at step 2 is not measured yet
+    assert shown[0].endswith("eta after step 2")  # step 1 compiles: nothing to extrapolate from yet
     assert "eval" not in shown[1].split("eta")[1]  # measured: counted in the figure
 
 

@@ -17,9 +17,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_embedded_default_smoke(tmp_path):
     """The embedded default, smaller: letters training, and evaluation on letters and real
-    ScienceWorld and BFCL tasks through the env pool, as `bash launch/dev.sh demo` runs it."""
+    ScienceWorld and BFCL tasks through the env pool, as configs/tiny.py's docstring shows."""
+    real = {"envs.eval": "letters:test:8,sciworld:test:2,bfcl:validation:2", "eval.max_len": 4096}  # as tiny.py says
     out = train(tiny_config(tmp_path, real_eval=True, steps=4, **{"eval.every": 4, "checkpoint.every": 2,
-                                                                 "envs.num_workers": 1, "mesh.devices": 0}))
+                                                                 "envs.num_workers": 1, "mesh.devices": 0, **real}))
     assert len(jax.tree.leaves(out["state"].params)[0].sharding.device_set) == jax.device_count() == 8
     hist = out["history"]
     assert [h["step"] for h in hist] == [1, 2, 3, 4]

@@ -1,1 +1,1 @@
-from tests.envs.conftest import alfworld_data, alfworld_tarball  # noqa: F401  (shared fixtures)
+from tests.envs.conftest import alfworld_data  # noqa: F401  (shared fixtures)

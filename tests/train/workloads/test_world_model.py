@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.train.configs import load_config  # noqa: E402
-from tests.envs.conftest import alfworld_data, alfworld_tarball  # noqa: F401,E402  (shared fixtures)
+from tests.envs.conftest import alfworld_data  # noqa: F401,E402  (shared fixtures)
 
 pytest.importorskip("sentence_transformers")
 
