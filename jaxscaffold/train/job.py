@@ -4,7 +4,6 @@ and the compiled train step (`build_job`). Every workload trains with a `Job`.""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any
 
@@ -14,20 +13,14 @@ import jax.numpy as jnp
 from jaxscaffold import config as config_lib
 from jaxscaffold import seeds
 from jaxscaffold.config import RunConfig
-from jaxscaffold.models import config as model_config_lib
 from jaxscaffold.models import hf_io, hub, qwen3
 from jaxscaffold.models import lora as lora_lib
-from jaxscaffold.models.local_mesh import local_mesh, local_rules
-from jaxscaffold.models.sharding import MeshConfig, make_mesh, maybe_initialize_distributed
+from jaxscaffold.models.sharding import make_mesh, maybe_initialize_distributed
 from jaxscaffold.models.tokenizer import load_tokenizer
-from jaxscaffold.models.word_tokenizer import padded_vocab_size
-from jaxscaffold.rl.losses import Correction
-from jaxscaffold.rl.presets import preset
-from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_train_step, state_shardings
+from jaxscaffold.rl.train_step import init_train_state, state_shardings
 from jaxscaffold.rollout.engine import Sampler
-from jaxscaffold.rollout.sampling import GREEDY, SamplingConfig
-from jaxscaffold.train.multihost import rollout_mesh
-from jaxscaffold.train.waves import sampler_rows
+from jaxscaffold.train.job_spec import (JobSpec, base_dtype, correction, lora_config,  # noqa: F401 (for callers)
+                                        model_config, optimizer_config)
 from jaxscaffold.train.vocabularies import word_tokenizer
 
 
@@ -47,6 +40,7 @@ class Job:
     ref_params: Any = None  # frozen reference policy (the initial parameters) when kl_coef > 0
     lora: Any = None  # a `models.lora.LoraConfig` when the state trains LoRA adapters (then the reference is the base)
     base_params: Any = None  # LoRA: the frozen base the adapters merge into (bound into `train_step`)
+    spec: JobSpec | None = None  # what the job was built from
 
     def policy_params(self, params):
         """The parameters the samplers decode with, of the state's `params`: themselves, or
@@ -54,42 +48,6 @@ class Job:
         if self.lora is None:
             return params
         return lora_lib.merged(self.model_config, self.base_params, params, self.lora)
-
-
-def lora_config(lo: config_lib.Lora | None) -> lora_lib.LoraConfig | None:
-    """The adapters of a run's `lora` section (None: full fine-tuning; configs written before
-    LoRA have no section)."""
-    if lo is None or lo.rank == 0:
-        return None
-    return lora_lib.LoraConfig(rank=lo.rank, alpha=lo.alpha, targets=lo.target_names())
-
-
-def model_config(cfg: RunConfig) -> model_config_lib.Qwen3Config:
-    """The run's architecture and execution options without loading a weight: the checkpoint's
-    config.json (`model.hf_path`), else the preset. With LoRA the parameters are the frozen
-    base, in `lora.base_dtype`."""
-    m = cfg.model
-    execution = dict(param_dtype=base_dtype(cfg), compute_dtype=m.compute_dtype, scan_layers=m.scan_layers,
-                     remat_policy=m.remat_policy)
-    if m.hf_path:
-        path = os.path.join(hub.resolve(m.hf_path), "config.json")
-        try:
-            with open(path) as f:
-                hf = json.load(f)
-        except (OSError, json.JSONDecodeError) as e:
-            raise hf_io.CheckpointError(f"{path}: cannot read the model's config ({e})") from None
-        return hf_io.config_from_hf(hf, path, **execution)
-    if m.vocabulary:  # a from-scratch model on a testbed's words: the embedding sized to them
-        execution["vocab_size"] = padded_vocab_size(word_tokenizer(m.vocabulary))
-    if m.preset == "tiny":
-        return model_config_lib.tiny(**execution)
-    return model_config_lib.preset(m.preset, **execution)
-
-
-def base_dtype(cfg: RunConfig) -> str:
-    """The dtype the model's parameters are stored in: the master weights' (model.param_dtype),
-    or with LoRA the frozen base's (lora.base_dtype)."""
-    return cfg.lora.base_dtype if lora_config(cfg.lora) is not None else cfg.model.param_dtype
 
 
 def build_model(cfg: RunConfig, mesh):
@@ -140,69 +98,41 @@ def split_devices(cfg) -> tuple[list | None, list | None]:
     return devices[:-r], devices[-r:]
 
 
-def optimizer_config(cfg: RunConfig) -> OptimizerConfig:
-    """The run's optimizer (its `learning_rate()` schedule is what the logs report)."""
-    r = cfg.rl
-    return OptimizerConfig(lr=r.lr, weight_decay=r.weight_decay, grad_clip=r.grad_clip, warmup_steps=r.warmup_steps)
-
-
-def correction(cfg: RunConfig) -> Correction:
-    """The run's off-policy correction of sampled tokens (TIS, MIS: `rl.losses.Correction`)."""
-    r = cfg.rl
-    return Correction(tis_cap=r.tis_cap, mis=r.mis, mis_lo=r.mis_lo, mis_hi=r.mis_hi)
-
-
 def build_job(cfg) -> tuple[Job, Any]:
     """The `Job` of `cfg` and the initial train state (parameters and optimizer state, sharded
-    over the mesh). Starts JAX's multi-controller runtime first where the environment asks."""
+    over the mesh): `JobSpec.from_config(cfg)` materialized. Starts JAX's multi-controller
+    runtime first where the environment asks."""
     maybe_initialize_distributed()
     cfg = config_lib.typed(cfg)
+    spec = JobSpec.from_config(cfg)
     train_devices, rollout_devices = split_devices(cfg)
-    mesh = make_mesh(MeshConfig(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor), train_devices)
+    mesh = make_mesh(spec.mesh, train_devices)
     model_config, params = build_model(cfg, mesh)
+    # The checkpoint's tensors can refine what its config.json says (a Qwen3Model saved without
+    # the "model." prefix is an embedding model): the loaded config is the one that runs.
+    spec = dataclasses.replace(spec, model=model_config)
     tokenizer = run_tokenizer(cfg.model)
-    r, c = cfg.rl, cfg.rollout
-    # The run sets DAPO's overlong shaping (rl.overlong_buffer, 0: off), not the preset.
-    algo = preset(r.algorithm, kl_coef=r.kl_coef, entropy_coef=r.entropy_coef, overlong_buffer=r.overlong_buffer or None)
-    opt_config = optimizer_config(cfg)
-    opt = opt_config.make()
-    data_parallel = mesh.shape["data"] * mesh.shape["fsdp"]
-    with_reference = bool(algo.kl_coef)
-    lora = lora_config(cfg.lora)
-    # The config (not `opt`) names the optimizer: equal configs share the compiled step.
-    step_fn = make_train_step(model_config, algo, opt_config, num_micro_batches=r.micro_batches, mesh=mesh,
-                              agg_constant=float(c.max_new_tokens * c.max_turns), with_reference=with_reference,
-                              lora=lora, correction=correction(cfg))
-    shardings = state_shardings(model_config, opt, mesh, lora=lora)
+    opt = spec.optimizer.make()
+    step_fn = spec.train_step(mesh=mesh)
+    shardings = state_shardings(model_config, opt, mesh, lora=spec.lora)
     base_params = None
-    if lora is not None:  # LoRA: the state trains the adapters; the base is frozen (and the reference)
-        base_params, with_reference = params, False
-        params = lora_lib.init_adapters(model_config, lora, jax.random.key(seeds.derive(cfg.seed, "lora")),
-                                        mesh=mesh, dtype=cfg.model.param_dtype)
+    if spec.lora is not None:  # LoRA: the state trains the adapters; the base is frozen (and the reference)
+        base_params = params
+        params = lora_lib.init_adapters(model_config, spec.lora, jax.random.key(seeds.derive(spec.seed, "lora")),
+                                        mesh=mesh, dtype=spec.adapter_dtype)
         step_fn = bind_base(step_fn, base_params)
     # The reference is a copy (the state's parameters are donated to each step).
-    ref_params = jax.tree.map(jnp.copy, params) if with_reference else None
+    ref_params = jax.tree.map(jnp.copy, params) if spec.reference_copy else None
     state = jax.device_put(init_train_state(params, opt), shardings)
-    sampling = SamplingConfig(temperature=c.temperature, top_p=c.top_p)
-    # Slots for this process's share of the groups and eval tasks (all of them on one process).
-    share = -(-c.tasks_per_step // jax.process_count())
-    rows = sampler_rows(c, share)  # one wave's rows (rollout.max_rows_in_flight; default the share's)
-    # On several processes each samples on its own devices (tensor parallel; `rollout_mesh`).
-    sampler_mesh, sampler_rules = rollout_mesh(model_config, mesh, devices=c.sampler_devices)
-    if rollout_devices:  # a split pod: the samplers on their own devices, tensor parallel
-        sampler_mesh = local_mesh(rollout_devices)
-        sampler_rules = local_rules(model_config, sampler_mesh.shape["tensor"])
-    sampler = Sampler(model_config, batch_size=rows, max_len=c.max_len, sampling=sampling,
-                      stop_ids=tokenizer.eos_ids, cache_dtype=cfg.model.cache_dtype, mesh=sampler_mesh,
-                      rules=sampler_rules)
-    e = cfg.eval
-    eval_rows = e.batch_size or (min(rows, max(1, -(-e.tasks // jax.process_count()))) if e.tasks else rows)
-    eval_sampler = Sampler(model_config, batch_size=eval_rows, max_len=cfg.eval.max_len or c.max_len,
-                           sampling=GREEDY, stop_ids=tokenizer.eos_ids, cache_dtype=cfg.model.cache_dtype,
-                           mesh=sampler_mesh, rules=sampler_rules)
-    job = Job(cfg, mesh, model_config, tokenizer, sampler, eval_sampler, step_fn, algo,
-              row_multiple=r.micro_batches * data_parallel, ref_params=ref_params, lora=lora,
-              base_params=base_params)
+    # On several processes each samples on its own devices (tensor parallel; `rollout_mesh`); a
+    # split pod on its rollout devices.
+    sampler_mesh, sampler_rules = spec.rollout_mesh(mesh, rollout_devices)
+    sampler = spec.sampler.build(model_config, mesh=sampler_mesh, rules=sampler_rules, stop_ids=tokenizer.eos_ids)
+    eval_sampler = spec.eval_sampler.build(model_config, mesh=sampler_mesh, rules=sampler_rules,
+                                           stop_ids=tokenizer.eos_ids)
+    job = Job(cfg, mesh, model_config, tokenizer, sampler, eval_sampler, step_fn, spec.algo,
+              row_multiple=spec.row_multiple(mesh), ref_params=ref_params, lora=spec.lora,
+              base_params=base_params, spec=spec)
     return job, state
 
 

@@ -37,17 +37,9 @@ from jaxscaffold.backends.accelerator import Accelerator
 from jaxscaffold.buckets import pow2_bucket
 from jaxscaffold.config import RunConfig
 from jaxscaffold.models import qwen3
-from jaxscaffold.models import lora as lora_lib
-from jaxscaffold.models.local_mesh import local_mesh
-from jaxscaffold.models.local_mesh import local_rules as rules_of_local
-from jaxscaffold.models.sharding import MeshConfig, make_mesh
-from jaxscaffold.rl.presets import preset
-from jaxscaffold.rl.train_step import (BATCH_AXES, OptimizerConfig, TrainState, batch_shardings, init_train_state,
-                                       make_train_step, state_shardings)
-from jaxscaffold.rollout.engine import Sampler
-from jaxscaffold.train.job import lora_config, model_config
-from jaxscaffold.train.multihost import rollout_mesh
-from jaxscaffold.train.waves import sampler_rows
+from jaxscaffold.models.sharding import make_mesh
+from jaxscaffold.rl.train_step import BATCH_AXES, TrainState, batch_shardings, init_train_state, state_shardings
+from jaxscaffold.train.job_spec import JobSpec
 
 GB = 1e9
 
@@ -181,29 +173,27 @@ def worst_case_batch(cfg: RunConfig) -> tuple[int, int, int]:
 def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compile_step: bool = True,
          platform: str = "portable") -> MemoryPlan:
     """The memory plan of `cfg` on `devices` (default: all), e.g. fake CPU devices of a pod's count,
-    for a `platform` ("tpu", "gpu" or "portable"), whose backend chooses the attention kernel."""
+    for a `platform` ("tpu", "gpu" or "portable"), whose backend chooses the attention kernel.
+    Everything but the batch's shape comes from `JobSpec.from_config(cfg)`, as `build_job`'s does."""
     devices = list(jax.devices() if devices is None else devices)
-    split = cfg.mesh.rollout_devices
+    spec = JobSpec.from_config(cfg)
+    split = spec.rollout_devices
     if split and not 0 < split < len(devices):
         raise ValueError(f"config.mesh.rollout_devices={split} leaves none of the {len(devices)} devices to train")
     rollout_part = devices[len(devices) - split:] if split else None
-    mesh = make_mesh(MeshConfig(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor), devices[:len(devices) - split])
-    config = model_config(cfg)
-    r, c = cfg.rl, cfg.rollout
-    opt_config = OptimizerConfig(lr=r.lr, weight_decay=r.weight_decay, grad_clip=r.grad_clip,
-                                 warmup_steps=r.warmup_steps)
-    optimizer = opt_config.make()
+    mesh = make_mesh(spec.mesh, devices[:len(devices) - split])
+    config = spec.model
+    optimizer = spec.optimizer.make()
     param_shapes = qwen3.param_shapes(config)
     # LoRA: the state trains the adapters; the base (also the KL reference) is a frozen argument.
-    lora = lora_config(cfg.lora)
-    trained = param_shapes if lora is None else lora_lib.adapter_shapes(config, lora, cfg.model.param_dtype)
+    lora = spec.lora
+    trained = spec.trained_shapes()
     state_sh = state_shardings(config, optimizer, mesh, lora=lora)
     state_shapes = jax.eval_shape(lambda p: init_train_state(p, optimizer), trained)
     params = _shard_bytes(state_shapes.params, state_sh.params)
     opt_state = _shard_bytes(state_shapes.opt_state, state_sh.opt_state)
-    algo = preset(r.algorithm, kl_coef=r.kl_coef, entropy_coef=r.entropy_coef)
-    with_reference = bool(algo.kl_coef)
-    reference = params if with_reference and lora is None else 0
+    with_reference = spec.with_reference
+    reference = params if spec.reference_copy else 0
     base_sh = qwen3.param_shardings(config, mesh)
     frozen_base = 0 if lora is None else _shard_bytes(param_shapes, base_sh)
     notes = []
@@ -221,12 +211,9 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
 
     activations = None
     if compile_step:
-        step = make_train_step(step_config, algo, opt_config, num_micro_batches=r.micro_batches, mesh=mesh,
-                               agg_constant=float(c.max_new_tokens * c.max_turns), with_reference=with_reference,
-                               backend=Accelerator(), lora=lora)
+        step = dataclasses.replace(spec, model=step_config).train_step(mesh=mesh, backend=Accelerator())
         rows, length, positions = worst_case_batch(cfg)
-        data_parallel = mesh.shape["data"] * mesh.shape["fsdp"]
-        rows += (-rows) % (r.micro_batches * data_parallel)
+        rows += (-rows) % spec.row_multiple(mesh)
         dtypes = {"tokens_BT": jnp.int32, "segment_ids_BT": jnp.int32, "loss_mask_BT": jnp.int32,
                   "old_logp_BT": jnp.float32, "adv_B": jnp.float32}
         b_sh = batch_shardings(mesh)
@@ -242,20 +229,16 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
         notes.append(f"train step compiled for {rows} rows x {length} tokens, {positions} trained positions a row")
         if compiled == "xla":
             # The portable fallback holds f32 scores of a query block (at most 8 blocks) over its keys.
-            rows_dev = -(-rows // (r.micro_batches * data_parallel))
+            rows_dev = -(-rows // spec.row_multiple(mesh))
             scores = rows_dev * config.num_heads * -(-length // 8) * length * 4
             notes.append(f"attention compiled as the XLA fallback, whose f32 score blocks take ~{scores / GB:.1f} GB "
                          "a layer here")
     grads = params
 
     # The sampler: rows of this process's share of the groups, its cache as it is built.
-    share = -(-c.tasks_per_step // jax.process_count())
-    local, local_rules = rollout_mesh(config, mesh, devices=c.sampler_devices)  # each process samples on its own devices
-    if rollout_part:  # a split pod: the samplers on the rollout devices (`job.split_devices`)
-        local = local_mesh(rollout_part)
-        local_rules = rules_of_local(config, local.shape["tensor"])
-    sampler = Sampler(config, stop_ids=(), batch_size=sampler_rows(c, share), max_len=c.max_len, cache_dtype=cfg.model.cache_dtype,
-                      layout="stacked", mesh=local, rules=local_rules)
+    # A split pod samples on its rollout devices (`job.split_devices`); else each process on its own.
+    local, local_rules = spec.rollout_mesh(mesh, rollout_part)
+    sampler = spec.sampler.build(config, mesh=local, rules=local_rules, layout="stacked")
     cache = jax.eval_shape(sampler.init_state)
     cache_sh = sampler.programs.state_shardings()
     kv = _shard_bytes(cache, cache_sh) if cache_sh is not None else sum(
@@ -279,6 +262,7 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
     # publishes up to version t - 1, so k + 1 at most; on a split pod they are the sampler's
     # weights (one counted above), else full copies on the training devices.
     policy = _shard_bytes(param_shapes, base_sh)
+    c = cfg.rollout
     published = c.max_staleness * sampler_weights if rollout_part else (c.max_staleness + 1) * policy
     published = published if c.max_staleness else 0
     if split:

@@ -68,9 +68,8 @@ from benchmarks.common import REPORT
 from jaxscaffold import config as config_lib
 from jaxscaffold.backends.accelerator import Accelerator
 from jaxscaffold.models import qwen3
-from jaxscaffold.rl.presets import preset
-from jaxscaffold.rl.train_step import BATCH_AXES, OptimizerConfig, init_train_state, make_train_step
-from jaxscaffold.train.job import model_config
+from jaxscaffold.rl.train_step import BATCH_AXES, init_train_state
+from jaxscaffold.train.job_spec import JobSpec
 from jaxscaffold.train.memory_plan import worst_case_batch
 
 POLICIES = ("none", "full", "save_dots")
@@ -235,25 +234,27 @@ def run_kernels(config) -> dict[str, str]:
 
 
 def lowered_step(cfg, config, rows: int, length: int, scored: int):
-    """The train step `memory_plan.plan` compiles (one device, no mesh), lowered for abstract
-    arguments: the FLOP count of a step does not depend on how it is sharded."""
-    r, ro = cfg.rl, cfg.rollout
+    """The train step `memory_plan.plan` compiles (one device, no mesh) for `cfg`'s job spec
+    with the model `config`, lowered for abstract arguments: the FLOP count of a step does not
+    depend on how it is sharded."""
     # Counted with the XLA attention kernel, explicitly: the accelerators' portable choice is now
     # `flash`, whose causal inner loops run i + 1 tiles (no constant trip count to multiply). With
     # flash, attention computes (n + 1) / 2n of T^2 (n tiles of 512) and its backward recomputes
     # the score tiles: 7 attention matmuls a tile pair instead of 6.
     config = config.replace(attention_impl="xla")
-    opt = OptimizerConfig(lr=r.lr, weight_decay=r.weight_decay, grad_clip=r.grad_clip, warmup_steps=r.warmup_steps)
-    algo = preset(r.algorithm, kl_coef=r.kl_coef, entropy_coef=r.entropy_coef)
     # One micro-batch: splitting the rows into fee.py's micro-batches runs the same work in a loop
     # (and the quick case's 8 rows would not split into 32).
-    step = make_train_step(config, algo, opt, num_micro_batches=1, with_reference=bool(algo.kl_coef),
-                           agg_constant=float(ro.max_new_tokens * ro.max_turns), backend=Accelerator())
-    state = jax.eval_shape(lambda p: init_train_state(p, opt.make()), qwen3.param_shapes(config))
+    spec = dataclasses.replace(JobSpec.from_config(cfg), model=config, micro_batches=1)
+    step = spec.train_step(backend=Accelerator())
+    opt = spec.optimizer.make()
+    state = jax.eval_shape(lambda p: init_train_state(p, opt), spec.trained_shapes())
     ints = ("tokens_BT", "segment_ids_BT", "loss_mask_BT")
     batch = {name: jax.ShapeDtypeStruct((rows, length)[: len(axes)], jnp.int32 if name in ints else jnp.float32)
              for name, axes in BATCH_AXES.items()}
-    ref = (state.params,) if algo.kl_coef else ()
+    # The step's frozen argument: the reference (a copy of the parameters), or LoRA's base.
+    ref = (state.params,) if spec.reference_copy else ()
+    if spec.lora is not None:
+        ref = (qwen3.param_shapes(config),)
     return step.lower(state, batch, *ref, num_positions=scored)
 
 
@@ -273,7 +274,7 @@ def fee_config(quick: bool):
     """configs/fee.py (a RunConfig), its model config, and the batch counted: (rows, length,
     scored positions) of `worst_case_batch`, and one turn's positions (the masked case)."""
     cfg, _, _ = config_lib.from_command_line(["--config", "fee.py"], CONFIGS)
-    config = model_config(cfg)
+    config = JobSpec.from_config(cfg).model
     rows, length, scored = worst_case_batch(cfg)
     turn = min(scored, cfg.rollout.max_new_tokens)
     if quick:

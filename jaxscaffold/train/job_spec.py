@@ -1,0 +1,183 @@
+"""What a run trains, described once from its config: `JobSpec.from_config(cfg)`.
+
+The spec is pure: no device is allocated and no weight loaded (at most a checkpoint's
+config.json is read). `train.job.build_job` materializes it (mesh, parameters, samplers, the
+compiled step); `train.memory_plan.plan` lowers the same step and sampler for abstract
+arguments; `launch/benchmarks/train_flops.py` counts the same step. None of them derives the
+optimizer, the algorithm, the reference, LoRA or the samplers' settings itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+
+from jaxscaffold import config as config_lib
+from jaxscaffold.config import RunConfig
+from jaxscaffold.models import config as model_config_lib
+from jaxscaffold.models import hf_io, hub, qwen3
+from jaxscaffold.models import lora as lora_lib
+from jaxscaffold.models.local_mesh import local_mesh, local_rules
+from jaxscaffold.models.sharding import MeshConfig
+from jaxscaffold.models.word_tokenizer import padded_vocab_size
+from jaxscaffold.rl.losses import Correction
+from jaxscaffold.rl.presets import AlgorithmConfig, preset
+from jaxscaffold.rl.train_step import OptimizerConfig, make_train_step
+from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.sampling import GREEDY, SamplingConfig
+from jaxscaffold.train.multihost import rollout_mesh
+from jaxscaffold.train.vocabularies import word_tokenizer
+from jaxscaffold.train.waves import sampler_rows
+
+
+def lora_config(lo: config_lib.Lora | None) -> lora_lib.LoraConfig | None:
+    """The adapters of a run's `lora` section (None: full fine-tuning; configs written before
+    LoRA have no section)."""
+    if lo is None or lo.rank == 0:
+        return None
+    return lora_lib.LoraConfig(rank=lo.rank, alpha=lo.alpha, targets=lo.target_names())
+
+
+def base_dtype(cfg: RunConfig) -> str:
+    """The dtype the model's parameters are stored in: the master weights' (model.param_dtype),
+    or with LoRA the frozen base's (lora.base_dtype)."""
+    return cfg.lora.base_dtype if lora_config(cfg.lora) is not None else cfg.model.param_dtype
+
+
+def model_config(cfg: RunConfig) -> model_config_lib.Qwen3Config:
+    """The run's architecture and execution options without loading a weight: the checkpoint's
+    config.json (`model.hf_path`), else the preset. With LoRA the parameters are the frozen
+    base, in `lora.base_dtype`."""
+    m = cfg.model
+    execution = {"param_dtype": base_dtype(cfg), "compute_dtype": m.compute_dtype, "scan_layers": m.scan_layers,
+                 "remat_policy": m.remat_policy}
+    if m.hf_path:
+        path = os.path.join(hub.resolve(m.hf_path), "config.json")
+        try:
+            with open(path) as f:
+                hf = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise hf_io.CheckpointError(f"{path}: cannot read the model's config ({e})") from None
+        return hf_io.config_from_hf(hf, path, **execution)
+    if m.vocabulary:  # a from-scratch model on a testbed's words: the embedding sized to them
+        execution["vocab_size"] = padded_vocab_size(word_tokenizer(m.vocabulary))
+    if m.preset == "tiny":
+        return model_config_lib.tiny(**execution)
+    return model_config_lib.preset(m.preset, **execution)
+
+
+def optimizer_config(cfg: RunConfig) -> OptimizerConfig:
+    """The run's optimizer (its `learning_rate()` schedule is what the logs report)."""
+    r = cfg.rl
+    return OptimizerConfig(lr=r.lr, weight_decay=r.weight_decay, grad_clip=r.grad_clip, warmup_steps=r.warmup_steps)
+
+
+def correction(cfg: RunConfig) -> Correction:
+    """The run's off-policy correction of sampled tokens (TIS, MIS: `rl.losses.Correction`)."""
+    r = cfg.rl
+    return Correction(tis_cap=r.tis_cap, mis=r.mis, mis_lo=r.mis_lo, mis_hi=r.mis_hi)
+
+
+def algorithm_config(cfg: RunConfig) -> AlgorithmConfig:
+    """The run's algorithm: its preset with the config's coefficients. The run, not the preset,
+    sets DAPO's overlong shaping (rl.overlong_buffer, 0: off)."""
+    r = cfg.rl
+    return preset(r.algorithm, kl_coef=r.kl_coef, entropy_coef=r.entropy_coef, overlong_buffer=r.overlong_buffer or None)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplerSpec:
+    """One sampler's settings: its slots (rows decoded at once), context, how tokens are drawn
+    and its KV cache's dtype."""
+
+    batch_size: int
+    max_len: int
+    sampling: SamplingConfig
+    cache_dtype: str
+
+    def build(self, model_config, *, mesh, rules, stop_ids=(), **options) -> Sampler:
+        """The `Sampler` of these settings on `mesh` (`JobSpec.rollout_mesh`)."""
+        return Sampler(model_config, batch_size=self.batch_size, max_len=self.max_len, sampling=self.sampling,
+                       stop_ids=stop_ids, cache_dtype=self.cache_dtype, mesh=mesh, rules=rules, **options)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    """The model side of a run as values: what `build_job`, `memory_plan.plan` and the FLOP
+    count all build from."""
+
+    mesh: MeshConfig  # axis sizes (-1: fill); the devices are chosen when the mesh is made
+    mesh_devices: int  # config.mesh.devices: the first n devices (0: all)
+    model: model_config_lib.Qwen3Config
+    optimizer: OptimizerConfig
+    algo: AlgorithmConfig
+    correction: Correction  # off-policy correction of sampled tokens (TIS, MIS)
+    lora: lora_lib.LoraConfig | None  # None: full fine-tuning
+    adapter_dtype: str  # LoRA: the adapters' (trained) dtype; the base is in `model.param_dtype`
+    micro_batches: int
+    agg_constant: float  # the loss's token normaliser: a step's longest possible trained tokens
+    sampler_devices: int  # a process's sampler mesh: its first n devices (0: all; `multihost.rollout_mesh`)
+    rollout_devices: int  # a split pod: the last n devices only sample (0: the training devices sample)
+    sampler: SamplerSpec  # training rollouts
+    eval_sampler: SamplerSpec  # greedy evaluation
+    seed: int
+
+    @classmethod
+    def from_config(cls, cfg, *, processes: int | None = None) -> JobSpec:
+        """The spec of `cfg` (a RunConfig or its ml_collections form). `processes`: how many
+        processes share the rollouts (default JAX's count); each samples its share of groups."""
+        cfg = config_lib.typed(cfg)
+        processes = jax.process_count() if processes is None else processes
+        c, e = cfg.rollout, cfg.eval
+        share = -(-c.tasks_per_step // processes)  # this process's groups per step
+        rows = sampler_rows(c, share)  # one wave's rows (rollout.max_rows_in_flight; default the share's)
+        eval_rows = e.batch_size or (min(rows, max(1, -(-e.tasks // processes))) if e.tasks else rows)
+        cache = cfg.model.cache_dtype
+        return cls(
+            mesh=MeshConfig(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor), mesh_devices=cfg.mesh.devices,
+            model=model_config(cfg), optimizer=optimizer_config(cfg), algo=algorithm_config(cfg),
+            correction=correction(cfg), lora=lora_config(cfg.lora), adapter_dtype=cfg.model.param_dtype, micro_batches=cfg.rl.micro_batches,
+            agg_constant=float(c.max_new_tokens * c.max_turns), sampler_devices=c.sampler_devices,
+            rollout_devices=cfg.mesh.rollout_devices, sampler=SamplerSpec(rows, c.max_len, SamplingConfig(temperature=c.temperature, top_p=c.top_p), cache),
+            eval_sampler=SamplerSpec(eval_rows, e.max_len or c.max_len, GREEDY, cache), seed=cfg.seed)
+
+    @property
+    def with_reference(self) -> bool:
+        """Whether the step takes a frozen reference argument (KL to the initial policy; with
+        LoRA the frozen base, which is also the reference)."""
+        return bool(self.algo.kl_coef)
+
+    @property
+    def reference_copy(self) -> bool:
+        """Whether the run holds a copy of the initial parameters as the KL reference (not with
+        LoRA: there the base is the reference)."""
+        return self.with_reference and self.lora is None
+
+    def trained_shapes(self) -> dict:
+        """`jax.ShapeDtypeStruct`s of what the optimizer trains: the parameters, or the adapters."""
+        if self.lora is None:
+            return qwen3.param_shapes(self.model)
+        return lora_lib.adapter_shapes(self.model, self.lora, self.adapter_dtype)
+
+    def train_step(self, *, mesh=None, backend=None):
+        """The jitted train step of this spec (`rl.train_step.make_train_step`). Its arguments
+        are `(state, batch)`, plus the reference (or LoRA's base) where `with_reference` or LoRA."""
+        # The config (not an optax object) names the optimizer: equal specs share the compiled step.
+        return make_train_step(self.model, self.algo, self.optimizer, num_micro_batches=self.micro_batches,
+                               mesh=mesh, agg_constant=self.agg_constant, with_reference=self.with_reference,
+                               backend=backend, lora=self.lora, correction=self.correction)
+
+    def rollout_mesh(self, train_mesh, rollout_devices: list | None = None) -> tuple:
+        """(mesh, rules) the samplers run on: this process's devices of the training mesh
+        (`multihost.rollout_mesh`), or a split pod's `rollout_devices`, tensor parallel."""
+        if rollout_devices:
+            mesh = local_mesh(rollout_devices)
+            return mesh, local_rules(self.model, mesh.shape["tensor"])
+        return rollout_mesh(self.model, train_mesh, devices=self.sampler_devices)
+
+    def row_multiple(self, mesh) -> int:
+        """What a batch's rows are padded to: every micro-batch split over the data-parallel axes."""
+        return self.micro_batches * mesh.shape["data"] * mesh.shape["fsdp"]
