@@ -173,6 +173,10 @@ class _EnvsAtOnce:
         pass
 
 
+def _ema(estimate: float | None, x: float, weight: float = 0.2) -> float:
+    return x if not estimate else (1 - weight) * estimate + weight * x
+
+
 def _asynchronous(agent, envs, episodes, planned, rollout, max_turns, feedback, timings, decode_chunk,
                   max_live) -> None:
     """The event loop (see the module): admit reset episodes into free places, decode one
@@ -208,6 +212,7 @@ def _asynchronous(agent, envs, episodes, planned, rollout, max_turns, feedback, 
         decoding.pop(i, None)
         env.end(i)
 
+    chunk_s, step_s = 0.0, None  # running estimates: a decode chunk's and an env step's seconds
     submit_resets()
     while to_reset or waiting or sent or decoding:
         # Admit reset episodes into free places (one batched prefill), in index order.
@@ -230,19 +235,38 @@ def _asynchronous(agent, envs, episodes, planned, rollout, max_turns, feedback, 
             submit_resets()
         # One decode chunk of every ready row; the turns that ended go to their envs.
         if decoding:
+            t0 = time.perf_counter()
             with timings.accelerator("decode"):
                 actions = agent.decode(dict(decoding), decode_chunk)
+            chunk_s = _ema(chunk_s, time.perf_counter() - t0)
             for i, text in actions.items():
                 del decoding[i]
                 sent[i] = (time.perf_counter(), text)
                 env.submit_step(i, text)
-        # Whatever the envs answered (wait for one only when nothing can decode).
-        answers = env.poll(0.0 if decoding else None)
+        # Whatever the envs answered: wait for one when nothing can decode, else take what is
+        # there, waiting only for steps expected back within half a chunk (fast envs: rows that
+        # ended a turn together rejoin together instead of decoding in scattered chunks).
+        now = time.perf_counter()
+        soon = [when + step_s for when, action in sent.values()
+                if action is not None and step_s is not None and when + step_s <= now + chunk_s / 2]
+        wait_s = None if not decoding else max(0.0, max(soon, default=now) - now)
+        answers = env.poll(wait_s)
+        # Answers polled after a decode chunk may have waited through it: only those that came
+        # while the driver waited time an env step well.
+        timed = set(answers) if wait_s != 0.0 else set()
+        while soon and len(answers) < len(soon) and time.perf_counter() < max(soon):
+            more = env.poll(max(0.0, max(soon) - time.perf_counter()))
+            if not more:
+                break
+            answers.update(more)
+            timed.update(more)
         now = time.perf_counter()
         nxt = {}
         for i in sorted(answers):
             when, action = sent.pop(i)
             timings.env_s += now - when
+            if action is not None and i in timed:
+                step_s = _ema(step_s, now - when)
             res, ep = answers[i], episodes[i]
             if action is None:  # a reset
                 if is_failure(res):

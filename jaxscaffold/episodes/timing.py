@@ -3,7 +3,9 @@
 - `decode_s`, `prefill_s`: wall seconds of the agent's decode and prefill calls (a call serves
   every row in it at once, so it is counted once, not once per row);
 - `env_s`: seconds episodes waited on their envs (resets and steps), summed over episodes (in
-  lock step an episode waits for its batch's whole call);
+  lock step an episode waits for its batch's whole call; asynchronously, from its request to
+  the driver taking the answer, so queueing at a worker and an answer waiting out a decode
+  chunk count too);
 - `wall_s`: the driver's wall clock from its first reset to its last episode;
 - `busy_s`: seconds the accelerator was busy (decode + prefill calls): `idle_share` is the
   rest of the wall clock, the share a rollout leaves the accelerator waiting on envs and host.
