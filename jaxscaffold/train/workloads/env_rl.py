@@ -20,6 +20,7 @@ from jaxscaffold.feedback.apply import Feedback
 from jaxscaffold.episodes.agents import ModelAgent, RolloutConfig
 from jaxscaffold.episodes.driver import run_episodes
 from jaxscaffold.episodes.episode import Episode
+from jaxscaffold.episodes.timing import Timings
 from jaxscaffold.rl import dapo
 from jaxscaffold.train.envs import make_envs
 from jaxscaffold.train.evaluation import score_metrics
@@ -109,6 +110,7 @@ class EnvWorkload:
         limit = job.algo.max_num_gen_batches if dynamic else 1
         generated: list[dict] = []  # every process's episodes of every generation batch
         batches, exhausted = 0, False
+        timings = Timings()  # every generation batch's driver calls
         for batch_index in itertools.count() if limit is None or limit <= 0 else range(limit):
             tasks = self.stream.take(c.tasks_per_step)  # every process takes them: streams stay equal
             mine = [] if dynamic is not None and dynamic.full() else list(share)
@@ -116,13 +118,16 @@ class EnvWorkload:
             feedback = Feedback(schedule, self.enrichers, mode=cfg.feedback.mode, run_seed=run_seed,
                                 train_step=step, num_groups=len(tasks))
             episodes = []
-            for wave in waves(mine, groups_per_wave(c, len(share))):  # rollout.max_rows_in_flight
+            # Asynchronous: the whole batch at once, episodes taking the sampler's slots as they
+            # free; lock step: in waves of whole groups that fit the slots (rollout.max_rows_in_flight).
+            for wave in waves(mine, groups_per_wave(c, len(share)) if c.lockstep else max(1, len(mine))):
                 flat = [tasks[g] for g in wave for _ in range(c.group_size)]
                 groups = [g for g in wave for _ in range(c.group_size)]
                 episode_ids = [g * c.group_size + r for g in wave for r in range(c.group_size)]
                 agent = ModelAgent(params, job.sampler, job.tokenizer, rcfg, seed=run_seed, train_step=step,
                                    episode_ids=episode_ids)
-                episodes += run_episodes(agent, self.envs, flat, groups, max_turns=rcfg.max_turns, feedback=feedback)
+                episodes += run_episodes(agent, self.envs, flat, groups, max_turns=rcfg.max_turns, feedback=feedback,
+                                         timings=timings, lockstep=c.lockstep, decode_chunk=c.decode_chunk)
             for e in episodes:  # groups of different generation batches stay apart
                 e.group += batch_index * c.tasks_per_step
             batches += 1
@@ -145,7 +150,7 @@ class EnvWorkload:
                     f"{batches} generation batches (rl.algorithm={job.algo.name}, max_num_gen_batches={limit}); "
                     f"{informative_share(generated):.0%} of the groups had unequal rewards")
         stats = {"rollout/generation_batches": float(batches),
-                 "rollout/informative_groups": informative_share(generated)}
+                 "rollout/informative_groups": informative_share(generated), **timings.stats()}
         if dynamic is None:
             kept, kept_summaries = episodes, generated
         else:
@@ -193,12 +198,15 @@ class EnvWorkload:
         everyone = self.eval_tasks if tasks is None else list(tasks)
         tasks = [everyone[i] for i in process_share(len(everyone))]
         episodes = []
-        n = job.eval_sampler.batch_size
+        # Asynchronous: every task at once, in the sampler's slots as they free; lock step: in
+        # chunks of the slots. Greedy, so the rows' seeds (keyed by index) choose nothing.
+        n = job.eval_sampler.batch_size if c.lockstep else max(1, len(tasks))
         for start in range(0, len(tasks), n):
             chunk = tasks[start:start + n]
             agent = ModelAgent(params, job.eval_sampler, job.tokenizer, rcfg, seed=seeds.derive(job.cfg.seed, "eval"),
                                train_step=step)
-            episodes += run_episodes(agent, self.envs, chunk, max_turns=rcfg.max_turns)
+            episodes += run_episodes(agent, self.envs, chunk, max_turns=rcfg.max_turns, lockstep=c.lockstep,
+                                     decode_chunk=c.decode_chunk)
         return episodes
 
     def evaluate(self, job: Job, params, step: int) -> dict[str, float]:
