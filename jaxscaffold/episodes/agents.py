@@ -22,6 +22,7 @@ import dataclasses
 import logging
 from typing import Mapping, Protocol, Sequence
 
+import jax
 import numpy as np
 
 from jaxscaffold import seeds
@@ -110,6 +111,7 @@ class ModelAgent:
             prompts[i] = ids
         if prompts:
             self.mt.extend(self.params, prompts)
+            jax.block_until_ready(self.mt.state)  # the prefill's time is its own, not the next decode's
         return failures
 
     def act(self, live, turn):
@@ -133,6 +135,7 @@ class ModelAgent:
             episodes[i].rows.append(conv)
         if prompts:
             self.mt.extend(self.params, prompts)
+            jax.block_until_ready(self.mt.state)
         return full
 
     def finish(self, episodes):

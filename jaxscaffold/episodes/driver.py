@@ -11,12 +11,14 @@ env) sits next to it.
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 from jaxscaffold.envs.base import EnvBatch, Observation, Task, is_failure
 from jaxscaffold import seeds
 from jaxscaffold.episodes.agents import Agent, Seen
 from jaxscaffold.episodes.episode import Episode
+from jaxscaffold.episodes.timing import Timings
 from jaxscaffold.feedback.apply import NONE, Feedback
 from jaxscaffold.models.tokenizer import Tokenizer
 from jaxscaffold.rollout.conversation import Conversation, MultiTurn
@@ -24,13 +26,17 @@ from jaxscaffold.rollout.engine import Sampler
 
 
 def run_episodes(agent: Agent, envs: EnvBatch, tasks: Sequence[Task], groups: Sequence[int] | None = None, *,
-                 max_turns: int, feedback: Feedback = NONE) -> list[Episode]:
+                 max_turns: int, feedback: Feedback = NONE, timings: Timings | None = None) -> list[Episode]:
     """Runs one episode per task to the end: the env says done, the agent has no room for
     another turn, or `max_turns` actions were taken (both: `truncated`). Failures (the env's,
     or a first prompt the agent cannot take) end an episode with `failure` set.
 
     `groups[i]` (default i) is episode i's GRPO group: rollouts of a group share task and
-    seed and, under group randomisation, the same feedback decisions."""
+    seed and, under group randomisation, the same feedback decisions.
+
+    `timings` (optional) adds up where the time went (`timing.Timings`)."""
+    timings = Timings() if timings is None else timings
+    started = time.perf_counter()
     groups = list(range(len(tasks))) if groups is None else list(groups)
     episodes = [Episode(task, g, Conversation()) for task, g in zip(tasks, groups)]
     rollout = [groups[:i].count(g) for i, g in enumerate(groups)]  # each episode's index in its group
@@ -45,21 +51,29 @@ def run_episodes(agent: Agent, envs: EnvBatch, tasks: Sequence[Task], groups: Se
     first = {}
     # each env learns at reset what feedback its episode is planned to get (see Feedback.prepare)
     planned = [feedback.prepare(t, group=g, rollout=r) for t, g, r in zip(tasks, groups, rollout)]
-    for i, obs in enumerate(envs.reset(planned)):
+    t0 = time.perf_counter()
+    reset = envs.reset(planned)
+    timings.env_s += (time.perf_counter() - t0) * len(planned)
+    for i, obs in enumerate(reset):
         if is_failure(obs):
             episodes[i].failure, episodes[i].done = obs.reason, True
             continue
         episodes[i].observations.append(obs.text)
         first[i] = seen(i, obs)
-    for i, reason in agent.start(episodes, first).items():
+    with timings.accelerator("prefill"):
+        failed = agent.start(episodes, first)
+    for i, reason in failed.items():
         episodes[i].failure, episodes[i].done = reason, True
 
     for turn in range(max_turns):
         live = [i for i, ep in enumerate(episodes) if not ep.done]
         if not live:
             break
-        actions = agent.act(live, turn)
+        with timings.accelerator("decode"):
+            actions = agent.act(live, turn)
+        t0 = time.perf_counter()
         results = envs.step(actions)
+        timings.env_s += (time.perf_counter() - t0) * len(actions)
         nxt = {}
         for i in live:
             ep, res = episodes[i], results[i]
@@ -76,12 +90,15 @@ def run_episodes(agent: Agent, envs: EnvBatch, tasks: Sequence[Task], groups: Se
                 ep.done = True
                 continue
             nxt[i] = seen(i, res.observation)
-        for i in agent.observe(episodes, nxt):
+        with timings.accelerator("prefill"):
+            full = agent.observe(episodes, nxt)
+        for i in full:
             episodes[i].done = episodes[i].truncated = True
     for ep in episodes:
         if not ep.done:
             ep.done = ep.truncated = True
     agent.finish(episodes)
+    timings.wall_s += time.perf_counter() - started
     return episodes
 
 

@@ -20,6 +20,7 @@ from jaxscaffold.feedback.apply import Feedback
 from jaxscaffold.episodes.agents import ModelAgent, RolloutConfig
 from jaxscaffold.episodes.driver import run_episodes
 from jaxscaffold.episodes.episode import Episode
+from jaxscaffold.episodes.timing import Timings
 from jaxscaffold.rl import dapo
 from jaxscaffold.train.envs import make_envs
 from jaxscaffold.train.evaluation import score_metrics
@@ -109,6 +110,7 @@ class EnvWorkload:
         limit = job.algo.max_num_gen_batches if dynamic else 1
         generated: list[dict] = []  # every process's episodes of every generation batch
         batches, exhausted = 0, False
+        timings = Timings()  # every generation batch's driver calls
         for batch_index in itertools.count() if limit is None or limit <= 0 else range(limit):
             tasks = self.stream.take(c.tasks_per_step)  # every process takes them: streams stay equal
             mine = [] if dynamic is not None and dynamic.full() else list(share)
@@ -122,7 +124,8 @@ class EnvWorkload:
                 episode_ids = [g * c.group_size + r for g in wave for r in range(c.group_size)]
                 agent = ModelAgent(params, job.sampler, job.tokenizer, rcfg, seed=run_seed, train_step=step,
                                    episode_ids=episode_ids)
-                episodes += run_episodes(agent, self.envs, flat, groups, max_turns=rcfg.max_turns, feedback=feedback)
+                episodes += run_episodes(agent, self.envs, flat, groups, max_turns=rcfg.max_turns, feedback=feedback,
+                                         timings=timings)
             for e in episodes:  # groups of different generation batches stay apart
                 e.group += batch_index * c.tasks_per_step
             batches += 1
@@ -145,7 +148,7 @@ class EnvWorkload:
                     f"{batches} generation batches (rl.algorithm={job.algo.name}, max_num_gen_batches={limit}); "
                     f"{informative_share(generated):.0%} of the groups had unequal rewards")
         stats = {"rollout/generation_batches": float(batches),
-                 "rollout/informative_groups": informative_share(generated)}
+                 "rollout/informative_groups": informative_share(generated), **timings.stats()}
         if dynamic is None:
             kept, kept_summaries = episodes, generated
         else:
