@@ -162,7 +162,8 @@ class MetricLogger:
         scalars = {k: v for k, v in metrics.items() if k != "step" and isinstance(v, (int, float))}
         for backend in self.backends:
             backend.scalars(step, scalars)
-        self.jsonl.write(json.dumps(metrics) + "\n")
+        # the wall clock since this process's logger started: steps per hour from the log alone
+        self.jsonl.write(json.dumps({**metrics, "time/elapsed_s": round(time.perf_counter() - self.t0, 3)}) + "\n")
         self.jsonl.flush()
         if "time/eval_s" in metrics:
             self.eval_s, self.evals = self.eval_s + metrics["time/eval_s"], self.evals + 1
