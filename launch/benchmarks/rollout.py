@@ -71,6 +71,9 @@ def parse_args(argv, quick: bool = False) -> argparse.Namespace:
     p.add_argument("--group-size", type=int, default=8, help="rollouts per task")
     p.add_argument("--max-new-tokens", type=int, default=16, help="tokens per model turn")
     p.add_argument("--workers", type=int, default=8, help="env pool worker processes (both drivers)")
+    p.add_argument("--vocabulary", default="words", choices=["words", "qwen3"],
+                   help="the tiny model's vocabulary: words (the rooms testbed's ~240 ids; default: on a CPU a "
+                        "152k-row unembedding makes every run decode-bound) or qwen3 (the real one)")
     p.add_argument("--env", default="latency", choices=["latency", "sciworld"], help="the env to roll out on")
     p.add_argument("--max-turns", type=int, default=10, help="--env sciworld: env steps per episode")
     p.add_argument("--staleness", type=int, default=0, help="also time whole steps with rollout.max_staleness=K")
@@ -127,6 +130,7 @@ def config(args, out_dir: str, scale: float = 1.0):
     c.model.preset = "tiny"
     c.model.compute_dtype = c.model.cache_dtype = "float32"
     c.model.remat_policy = "none"
+    c.model.vocabulary = "rooms" if args.vocabulary == "words" else ""
     c.rollout.group_size = args.group_size
     c.rollout.tasks_per_step = args.rows // args.group_size
     c.rollout.max_new_tokens = args.max_new_tokens
@@ -189,7 +193,7 @@ def rollouts(args) -> None:
     cfg = config_lib.typed(config(args, out))
     job, state = build_job(cfg)
     params = job.policy_params(state.params)
-    REPORT.say(f"# rollout: tiny model, {args.env}, {args.rows} rows ({args.rows // args.group_size} groups of "
+    REPORT.say(f"# rollout: tiny model ({args.vocabulary} vocabulary), {args.env}, {args.rows} rows ({args.rows // args.group_size} groups of "
                f"{args.group_size}), {args.max_new_tokens} tokens a turn, {args.workers} env workers"
                + (f", step latency median {args.latency_ms:g} ms p99 {args.latency_p99_ms:g} ms, turns "
                   f"{args.turns[0]}-{args.turns[1]}" if args.env == "latency" else ""))
