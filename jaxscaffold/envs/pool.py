@@ -10,6 +10,20 @@ every episode of the previous one. The same Task may appear many times (a GRPO g
 occurrence is its own episode on its own env instance. Episode ``i`` runs in worker
 ``i % num_workers``; a worker runs its episodes one after the other, workers run concurrently.
 
+Asynchronous interface (what the episode driver uses):
+
+    pool.open(tasks)             # a new batch; nothing is reset yet
+    pool.submit_reset(i)         # episode i starts in the least loaded worker
+    pool.submit_step(i, text)
+    answers = pool.poll(timeout) # {episode: Observation | StepResult | EpisodeFailure}, as they come
+    pool.end(i)                  # the caller is done with episode i (its env instance is free)
+
+A worker answers its requests in the order they came, so an episode waits only for the
+requests sent to its worker before its own; workers take new episodes by load (the fewest
+episodes holding an env), so a slow env delays only the few episodes sharing its worker.
+Size: for latency-bound envs (a JVM thinking, a user model answering) more workers than
+cores pay off, up to one per episode in flight; CPU-bound envs gain nothing past the cores.
+
 Workers are ``spawn``-ed processes, each the leader of its own process group (so the JVMs or
 other children an env starts die with it). Inside a worker, env instances are created lazily
 from `ENV_FACTORIES` (env name -> ``"module:attribute"`` import path, resolved in the worker;
@@ -28,6 +42,9 @@ drops that episode from the batch. Causes (``kind``):
   the next reset, the worker keeps running.
 A timed-out or crashed worker is killed (its whole process group) and restarted; the rest of
 the batch completes. Failures are logged (`logging`) and counted in ``pool.stats``.
+
+Failures of asynchronous requests are the same, reported by `poll` (a request's silence is
+timed from when its worker starts on it).
 
 `close()` (or leaving the ``with`` block) closes every env, ends the workers and kills what is
 left of their process groups. A pool is not thread-safe: drive it from one thread.
@@ -149,6 +166,13 @@ def _worker_main(conn, factories: Mapping[str, Any], env_kwargs: Mapping[str, Ma
                         env = instance(task.env, j)
                         episodes[ep] = env
                         value = env.reset(task)
+                    elif op == "open":  # asynchronous: one episode into the instance the pool chose
+                        task, j = payload
+                        env = instance(task.env, j)
+                        for other in [k for k, e in episodes.items() if e is env]:
+                            del episodes[other]  # that instance's previous episode has ended
+                        episodes[ep] = env
+                        value = env.reset(task)
                     elif op == "step":
                         value = episodes[ep].step(payload)
                     elif op == "call":
@@ -235,6 +259,7 @@ class _Episode:
     generation: int
     status: str = "active"  # "active" | "done" | "failed"
     failure: EpisodeFailure | None = None
+    instance: int | None = None  # asynchronous: its env instance in its worker (None: none held)
 
 
 def _shutdown(workers: list[_Worker], timeout_s: float) -> None:
@@ -287,6 +312,14 @@ class EnvPool:
         self._episodes: list[_Episode] = []
         self._generation = 0
         self.stats: collections.Counter[str] = collections.Counter()
+        # The asynchronous interface's state (`open`): requests in flight per worker (in the
+        # order the worker answers them), its silence deadline, answers not yet polled, env
+        # instances held per (worker, env name), and the offset of this batch's episode keys.
+        self._inflight: dict[int, collections.deque] = {}
+        self._deadline: dict[int, float] = {}
+        self._ready: dict[int, Any] = {}
+        self._held: dict[tuple[int, str], set[int]] = collections.defaultdict(set)
+        self._key_base = 0
         self._closed = False
         for i in range(self.num_workers):
             self._workers.append(self._spawn(i))
@@ -329,6 +362,99 @@ class EnvPool:
         if bad:
             raise ValueError(str(bad[0]))
         return out
+
+    # -- asynchronous API: one episode at a time, answers polled as they come
+
+    def open(self, tasks: Sequence[Task]) -> None:
+        """Starts a batch of episodes (index = position in `tasks`; the previous batch ends)
+        without resetting any: `submit_reset(i)` starts episode i in the least loaded worker,
+        on an env instance of its own there, so a worker's envs do not wait for each other's
+        episodes to end. Answers come from `poll`."""
+        self._check_open()
+        self._ensure_alive()
+        for w, queue in self._inflight.items():
+            if queue:  # answers of the previous batch still due: that worker's state is unknown
+                self._restart(w, "lost", "a new batch opened while it was busy", "", {}, {}, others="lost")
+        for ep in self._episodes:
+            ep.status = "done" if ep.status == "active" else ep.status
+        self._key_base += len(self._episodes) + 1  # keys of the previous batch's stray answers never match
+        self._episodes = [_Episode(task=t, worker=-1, generation=-1) for t in tasks]
+        self._inflight = {w.index: collections.deque() for w in self._workers}
+        self._deadline, self._ready = {}, {}
+        self._held.clear()
+
+    def submit_reset(self, i: int) -> None:
+        """Resets episode `i` of the open batch (once); its Observation comes from `poll`."""
+        self._check_open()
+        ep = self._episodes[i]
+        if ep.worker >= 0:
+            raise ValueError(f"episode {i} was already reset")
+        load = collections.Counter(e.worker for e in self._episodes if e.instance is not None)
+        w = min(range(self.num_workers), key=lambda k: (load[k], len(self._inflight[k]), k))
+        held = self._held[(w, ep.task.env)]
+        ep.worker, ep.generation = w, self._workers[w].generation
+        ep.instance = min(set(range(len(held) + 1)) - held)
+        held.add(ep.instance)
+        self.stats["resets"] += 1
+        self._send(w, i, "open", (ep.task, ep.instance))
+
+    def submit_step(self, i: int, text: str) -> None:
+        """Steps episode `i` with the agent's text; its StepResult (or EpisodeFailure) comes
+        from `poll`. A failed episode's failure comes back again."""
+        self._check_open()
+        if not (isinstance(i, int) and 0 <= i < len(self._episodes)) or self._episodes[i].worker < 0:
+            raise ValueError(f"episode {i!r} was not reset in this batch")
+        ep = self._episodes[i]
+        if ep.status == "done":
+            raise ValueError(f"episode {i} is finished; reset before stepping it again")
+        if ep.status == "active" and ep.generation != self._workers[ep.worker].generation:
+            self._fail(i, "lost", "its worker was restarted", {})
+        if ep.status == "failed":
+            self._ready[i] = ep.failure
+            self._free(i)
+            return
+        self.stats["steps"] += 1
+        self._send(ep.worker, i, "step", text)
+
+    def poll(self, timeout_s: float | None = None) -> dict[int, Any]:
+        """The answers ready now (episode -> Observation, StepResult or EpisodeFailure),
+        waiting up to `timeout_s` (None: until one comes) when there is none. A worker silent
+        past its deadline is killed and restarted, a dead one restarted: their episodes fail
+        as in `step`."""
+        self._check_open()
+        until = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            busy = [w for w, q in self._inflight.items() if q]
+            dead = [w for w in busy if not self._drain_async(w)]
+            for w in busy:
+                if w not in dead and self._inflight[w] and not self._workers[w].proc.is_alive():
+                    self._drain_async(w)  # its last words, then it is gone
+                    if self._inflight[w]:
+                        dead.append(w)
+            for w in dead:
+                self._restart_async(w, "crash", f"worker process died (exit code {self._workers[w].proc.exitcode})")
+            now = time.monotonic()
+            for w in [w for w, q in self._inflight.items() if q and self._deadline[w] <= now]:
+                op = self._inflight[w][0][1]
+                timeout = self.reset_timeout_s if op == "open" else self.step_timeout_s
+                self._restart_async(w, "timeout", f"no answer within {timeout:.1f}s during {op}")
+            busy = [w for w, q in self._inflight.items() if q]
+            if self._ready or not busy or (until is not None and now >= until):
+                out, self._ready = self._ready, {}
+                return out
+            wait_s = min(self._deadline[w] for w in busy) - now
+            if until is not None:
+                wait_s = min(wait_s, until - now)
+            mpc.wait([*(self._workers[w].conn for w in busy), *(self._workers[w].proc.sentinel for w in busy)],
+                     timeout=max(0.0, wait_s))
+
+    def end(self, i: int) -> None:
+        """The caller is done with episode `i` (finished, truncated or dropped): its env
+        instance is free for the next episode of its worker."""
+        ep = self._episodes[i]
+        if ep.status == "active":
+            ep.status = "done"
+        self._free(i)
 
     def worker_pids(self) -> list[int]:
         return [w.proc.pid for w in self._workers]
@@ -389,6 +515,62 @@ class EnvPool:
             self.stats["steps"] += sum(len(v) for v in per_worker.values())
         results.update(self._run(op, per_worker, timeout_s))
         return results
+
+    def _send(self, w: int, i: int, op: str, payload: Any) -> None:
+        queue = self._inflight[w]
+        if not queue:  # the worker starts on it now: its silence is timed from here
+            self._deadline[w] = time.monotonic() + (self.reset_timeout_s if op == "open" else self.step_timeout_s)
+        queue.append((i, op))
+        try:
+            self._workers[w].conn.send((op, [(self._key_base + i, payload)]))
+        except (OSError, EOFError, ValueError) as e:
+            self._restart_async(w, "crash", f"could not send to worker: {e}")
+
+    def _free(self, i: int) -> None:
+        ep = self._episodes[i]
+        if ep.instance is not None:
+            self._held[(ep.worker, ep.task.env)].discard(ep.instance)
+            ep.instance = None
+
+    def _drain_async(self, w: int) -> bool:
+        """Reads every answer a worker has ready (asynchronous API). False if its pipe broke."""
+        conn, queue = self._workers[w].conn, self._inflight[w]
+        try:
+            while queue and conn.poll():
+                kind, key, ok, value = conn.recv()
+                i = key - self._key_base
+                ops = {j: op for j, op in queue}
+                if kind != "item" or i not in ops:
+                    continue  # a previous batch's answer
+                queue.remove((i, ops[i]))
+                if queue:  # the worker moves on to its next request
+                    op = queue[0][1]
+                    self._deadline[w] = time.monotonic() + (self.reset_timeout_s if op == "open"
+                                                            else self.step_timeout_s)
+                if ok:
+                    self._ready[i] = value
+                    if isinstance(value, StepResult) and value.done:
+                        self._episodes[i].status = "done"
+                        self._free(i)
+                else:  # the worker discarded that env instance (rebuilt at its next use)
+                    self.stats["env_errors"] += 1
+                    self._fail(i, "error", str(value), self._ready)
+                    self._free(i)
+        except (EOFError, OSError):
+            return False
+        return True
+
+    def _restart_async(self, w: int, kind: str, reason: str) -> None:
+        """Restarts worker w (asynchronous API): its requests in flight fail as `kind`, its
+        other episodes are lost (reported now if answered but not polled, else at their next step)."""
+        pending = {w: {i for i, _ in self._inflight[w]}}
+        self._inflight[w].clear()
+        self._restart(w, kind, reason, "step", self._ready, pending)
+        for key in [k for k in self._held if k[0] == w]:
+            del self._held[key]  # the new worker holds no instance
+        for ep in self._episodes:
+            if ep.worker == w and ep.generation != self._workers[w].generation:
+                ep.instance = None  # its instance died with the old worker
 
     def _fail(self, i: int, kind: str, reason: str, results: dict[int, Any]) -> None:
         ep = self._episodes[i]
