@@ -88,3 +88,9 @@ def test_a_short_run_prints_every_figure():
         assert figures["async_over_lockstep"]["value"] == pytest.approx(a / lock["value"], rel=1e-2)
         assert figures["async_over_bound"]["value"] == pytest.approx(a / bound["value"], rel=1e-2)
         assert figures["async_s"]["same_actions"] >= 0.75  # the same tokens, up to ties batch shape can flip
+
+
+def test_own_seconds_per_call_of_lock_step_pool_calls():
+    # 8 episodes on 2 workers took 4 s (4 each, one after the other: 1 s own); then 1 episode 0.5 s
+    assert rollout.own_seconds_per_call([(4.0, 8), (0.5, 1)], workers=2) == pytest.approx((4.0 * 2 + 0.5) / 9)
+    assert rollout.own_seconds_per_call([], workers=2) == 0.0

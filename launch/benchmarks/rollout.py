@@ -19,7 +19,8 @@ the same sampling seeds (the same tokens, up to ties that batch shape can flip).
 
 `--env sciworld`: the real env and its real latency (resets included). Its latency cannot be
 set to zero, so (a) is the lock-step run's accelerator-busy seconds (`Timings.busy_s`: the same
-tokens decoded) and (b) uses the mean env seconds per step (`Timings.env_s` over the steps).
+tokens decoded) and (b) charges each reset and step an env's own mean seconds per call, from the
+lock-step run's timed pool calls (`own_seconds_per_call`).
 
 `--staleness K --steps S`: also S whole training steps (rollout + update) through the trainer,
 synchronous (lock step, staleness 0) and asynchronous (async driver, `rollout.max_staleness=K`):
@@ -175,6 +176,36 @@ class Rollout:
         return max((len(e.actions) for e in self.episodes), default=0)
 
 
+class TimedCalls:
+    """An env batch that records the wall time and episode count of each blocking `reset` /
+    `step` call (the lock-step driver's), passing everything else through."""
+
+    def __init__(self, envs):
+        self.envs, self.calls = envs, []
+
+    def _timed(self, fn, items):
+        t = time.perf_counter()
+        out = fn(items)
+        self.calls.append((time.perf_counter() - t, len(items)))
+        return out
+
+    def reset(self, tasks):
+        return self._timed(self.envs.reset, tasks)
+
+    def step(self, actions):
+        return self._timed(self.envs.step, actions)
+
+    def __getattr__(self, name):
+        return getattr(self.envs, name)
+
+
+def own_seconds_per_call(calls: list[tuple[float, int]], workers: int) -> float:
+    """An env's own seconds per reset or step, from lock-step calls of n episodes on `workers`
+    workers that each serve their share one after the other: sum(wall x min(workers, n)) / sum(n)."""
+    episodes = sum(n for _, n in calls)
+    return sum(dt * min(workers, n) for dt, n in calls) / episodes if episodes else 0.0
+
+
 def collect(work, job, params, state: dict, *, lockstep: bool) -> Rollout:
     """One step's rollouts from the workload's saved task-stream state (the same tasks each time)."""
     work.set_state(state)
@@ -216,7 +247,14 @@ def rollouts(args) -> None:
         else:
             for lockstep in drivers.values():  # compiles, and starts every env (JVMs)
                 collect(work, job, params, start, lockstep=lockstep)
-        runs = {name: collect(work, job, params, start, lockstep=lockstep) for name, lockstep in drivers.items()}
+        pool, clock = work.envs, TimedCalls(work.envs)
+        work.envs = clock  # the lock-step run's env calls, timed (the bound's env seconds on sciworld)
+        try:
+            runs = {"lockstep": collect(work, job, params, start, lockstep=True)}
+        finally:
+            work.envs = pool
+        runs.update({name: collect(work, job, params, start, lockstep=lockstep)
+                     for name, lockstep in drivers.items() if not lockstep})
     finally:
         work.close()
         if zero is not None:
@@ -234,9 +272,8 @@ def rollouts(args) -> None:
     else:
         decode = busy
         turn = busy / max(lock.turns, 1)
-        steps = sum(len(e.actions) for e in lock.episodes)
-        per_step = lock.stats.get("time/env_s", 0.0) / max(steps + len(lock.episodes), 1)  # resets count as steps
-        chains = [chain_s(len(e.actions), per_step * (len(e.actions) + 1), turn)
+        per_call = own_seconds_per_call(clock.calls, args.workers)
+        chains = [chain_s(len(e.actions), per_call * (len(e.actions) + 1), turn)  # + 1: its reset
                   for e in lock.episodes if e.failure is None]
     bound = bound_s(decode, chains)
     failures = sum(e.failure is not None for r in runs.values() for e in r.episodes)
