@@ -71,7 +71,8 @@ def parse_args(argv, quick: bool = False) -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=64, help="episodes of the step (groups x group size)")
     p.add_argument("--group-size", type=int, default=8, help="rollouts per task")
     p.add_argument("--max-new-tokens", type=int, default=16, help="tokens per model turn")
-    p.add_argument("--workers", type=int, default=8, help="env pool worker processes (both drivers)")
+    p.add_argument("--workers", type=int, default=32,
+                   help="env pool worker processes, both drivers (latency-bound envs: more than cores is fine)")
     p.add_argument("--vocabulary", default="words", choices=["words", "qwen3"],
                    help="the tiny model's vocabulary: words (the rooms testbed's ~240 ids; default: on a CPU a "
                         "152k-row unembedding makes every run decode-bound) or qwen3 (the real one)")
