@@ -56,6 +56,8 @@ def get_config() -> ConfigDict:
     c.rollout.history_window = 2  # stepwise: (observation, action) steps shown in each rebuilt prompt
     c.rollout.sampler_devices = 0  # devices a host samples on, tensor parallel (0: all of its devices of the training mesh; 1: one device, unsharded on one process)
     c.rollout.max_rows_in_flight = 0  # sampler rows at once: the step's groups in waves of whole groups (0: all at once; a memory knob, the KV cache scales with it)
+    c.rollout.lockstep = False  # True: all episodes step together turn by turn (the reference); False: each episode advances on its own
+    c.rollout.decode_chunk = 16  # asynchronous rollouts: tokens each ready row decodes before observations and new episodes join
 
     c.envs = ConfigDict()
     c.envs.train = "sciworld,bfcl"  # comma-separated env names (jaxscaffold.envs.registry), env:split allowed
@@ -64,6 +66,7 @@ def get_config() -> ConfigDict:
     c.envs.eval_split = "test"  # held-out split
     c.envs.num_workers = 4  # environment worker processes (0: in this process)
     c.envs.step_timeout_s = 60.0  # a worker silent this long is restarted; its episodes fail
+    c.envs.reset_timeout_s = 180.0  # the same for resets (the first ones start JVMs)
     c.envs.env_kwargs = ""  # JSON {env: {constructor kwarg: value}}, e.g. '{"tau2": {"max_steps": 30}}' (tau2's user: envs.tau2_user)
     # tau2's user simulator (jaxscaffold.train.user_model): a run with tau2 needs one or mode "none".
     # mode "model": our sampler serves the model in the trainer's process, on its devices, behind a

@@ -83,7 +83,9 @@ class Rollout:
     representation: Literal["trajectory", "stepwise"]
     history_window: int
     sampler_devices: int = 0  # a host's sampler mesh: its first n devices (0: all; `multihost.rollout_mesh`)
-    max_rows_in_flight: int = 0  # a memory knob: the step's groups sampled in waves (`train.waves`)
+    max_rows_in_flight: int = 0  # a memory knob: the sampler's slots (`train.waves`)
+    lockstep: bool = False  # episodes stepped together turn by turn (the reference); else asynchronous
+    decode_chunk: int = 16  # asynchronous: tokens a ready row decodes between admissions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +116,7 @@ class Envs:
     num_workers: int
     step_timeout_s: float
     env_kwargs: str
+    reset_timeout_s: float = 180.0  # a worker silent this long in a reset is restarted
     tau2_user: Tau2User = Tau2User()
 
     def kwargs(self) -> dict[str, dict]:
@@ -452,6 +455,7 @@ def validate(cfg: RunConfig) -> None:
     _range("rollout.history_window", c.history_window, 0)
     _range("rollout.sampler_devices", c.sampler_devices, 0)
     _range("rollout.max_rows_in_flight", c.max_rows_in_flight, 0)
+    _range("rollout.decode_chunk", c.decode_chunk, 1)
     if 0 < c.max_rows_in_flight < c.group_size:
         raise ConfigError(f"config.rollout.max_rows_in_flight={c.max_rows_in_flight} must be 0 (all rows at once) "
                           f"or at least rollout.group_size={c.group_size} (a wave holds whole groups)")
@@ -468,6 +472,7 @@ def validate(cfg: RunConfig) -> None:
     _range("feedback.bandit_prior", f.bandit_prior, 0.0, strict=True)
     _range("envs.num_workers", cfg.envs.num_workers, 0)
     _range("envs.step_timeout_s", cfg.envs.step_timeout_s, 0.0, strict=True)
+    _range("envs.reset_timeout_s", cfg.envs.reset_timeout_s, 0.0, strict=True)
     _range("eval.every", cfg.eval.every, 0)
     _range("eval.tasks", cfg.eval.tasks, 0)
     _range("eval.batch_size", cfg.eval.batch_size, 0)

@@ -86,9 +86,8 @@ def run_gold(tasks, workers: int) -> list[dict]:
     records = []
     # With feedback's env hooks, as in training: the gold replay is enriched like the agent.
     with EnvPool(workers, env_kwargs=enrichers.env_kwargs(GOLD_ENV_KWARGS)) as pool:
-        for start in range(0, len(tasks), 4 * workers):
-            records += [record(ep) for ep in run_episodes(GoldAgent(), pool, tasks[start:start + 4 * workers],
-                                                           max_turns=200)]
+        # Asynchronous: every task in one call, each episode on its own, 4 per worker holding an env at once.
+        records += [record(ep) for ep in run_episodes(GoldAgent(), pool, tasks, max_turns=200, max_live=4 * workers)]
     return records
 
 

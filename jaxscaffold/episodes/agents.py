@@ -49,14 +49,26 @@ class Seen:
 
 
 class Agent(Protocol):
+    """Episodes are the driver's indices (positions in its task list), never sampler slots."""
+
+    capacity: int | None  # episodes the agent can hold at once (None: any number)
+
     def start(self, episodes: Sequence[Episode], first: Mapping[int, Seen]) -> dict[int, str]:
         """The first observations; returns {episode: failure reason} for those it cannot run."""
 
     def act(self, live: Sequence[int], turn: int) -> dict[int, str]:
-        """Each live episode's action text at `turn` (0-based)."""
+        """Each live episode's action text at `turn` (0-based), decoded to the end (lock step)."""
+
+    def decode(self, turns: Mapping[int, int], chunk: int) -> dict[int, str]:
+        """Advances each episode's turn (`turns`: episode -> its turn, 0-based) by up to
+        `chunk` tokens and returns the action texts of the turns that ended; the others
+        continue at the next call (asynchronous driver)."""
 
     def observe(self, episodes: Sequence[Episode], seen: Mapping[int, Seen]) -> set[int]:
         """The next observations of the episodes that go on; returns those with no room left."""
+
+    def release(self, episodes: Sequence[Episode], i: int) -> None:
+        """Episode `i` has ended: attach what the agent recorded and free its place."""
 
     def finish(self, episodes: Sequence[Episode]) -> None:
         """Attach what the agent recorded to the episodes (after the last turn)."""
@@ -74,11 +86,17 @@ class RolloutConfig:
 
 
 class ModelAgent:
-    """The policy in the sampler's slots (episode i in slot i). `episode_ids[i]` (default i)
-    keys episode i's sampling seeds, with `seed` and `train_step` (see `seeds.turn_seed`)."""
+    """The policy in the sampler's slots. Each episode holds a slot from `start` to `release`
+    (episode i in slot i when that slot is free, as in lock step; else the lowest free one).
+    `episode_ids[i]` (default i) keys episode i's sampling seeds, with `seed` and `train_step`
+    (see `seeds.turn_seed`), so its tokens do not depend on its slot or batch.
+
+    `refresh_params` (optional) is where newer weights could enter between decode chunks
+    (partial rollouts): a callable returning (params, version), asked before each chunk; the
+    agent swaps to them when the version changes. Nothing records per-token versions yet."""
 
     def __init__(self, params, sampler: Sampler, tokenizer: Tokenizer, cfg: RolloutConfig, *, seed: int,
-                 train_step: int, episode_ids: Sequence[int] | None = None):
+                 train_step: int, episode_ids: Sequence[int] | None = None, refresh_params=None):
         self.sampler, self.tokenizer, self.cfg = sampler, tokenizer, cfg
         self.chat = Qwen3ChatRenderer(tokenizer)
         self.representation = representations.make(
@@ -86,13 +104,26 @@ class ModelAgent:
             history_window=cfg.history_window, im_end=tokenizer.token_id("<|im_end|>"))
         self.params = sampler.prepare(params)  # once: the layout the sampler decodes with
         self.seed, self.train_step, self.episode_ids = seed, train_step, episode_ids
+        self.refresh_params, self.version = refresh_params, None
+        self.capacity = sampler.batch_size
         self.mt = MultiTurn(sampler)
+        self.slot_of: dict[int, int] = {}  # episode -> its sampler slot
         self.systems: dict[int, str] = {}
-        self.gens: dict = {}
+        self.gens: dict = {}  # episode -> its last turn's Generation
+
+    def _row_seed(self, i: int, turn: int) -> int:
+        return seeds.turn_seed(self.seed, self.train_step, i if self.episode_ids is None else self.episode_ids[i],
+                               turn)
+
+    def _take_slot(self, i: int) -> int:
+        used = set(self.slot_of.values())
+        if len(used) >= self.sampler.batch_size:
+            raise ValueError(f"episode {i} does not fit: all {self.sampler.batch_size} sampler slots are taken")
+        slot = i if i < self.sampler.batch_size and i not in used else min(set(range(self.sampler.batch_size)) - used)
+        self.slot_of[i] = slot
+        return slot
 
     def start(self, episodes, first):
-        if len(episodes) > self.sampler.batch_size:
-            raise ValueError(f"{len(episodes)} episodes do not fit the sampler's {self.sampler.batch_size} slots")
         failures, prompts = {}, {}
         for i, seen in first.items():
             ep = episodes[i]
@@ -108,46 +139,77 @@ class ModelAgent:
                             self.sampler.max_len)
                 failures[i] = f"context: first prompt of {len(ids)} tokens"
                 continue
-            prompts[i] = ids
+            prompts[self._take_slot(i)] = ids
         if prompts:
             self.mt.extend(self.params, prompts)
             jax.block_until_ready(self.mt.state)  # the prefill's time is its own, not the next decode's
         return failures
 
     def act(self, live, turn):
-        keys = self.episode_ids
-        row_seeds = [seeds.turn_seed(self.seed, self.train_step, i if keys is None else keys[i], turn) for i in live]
-        self.gens = self.mt.generate(self.params, live, max_new_tokens=self.cfg.max_new_tokens, seeds=row_seeds)
+        out = self.mt.generate(self.params, [self.slot_of[i] for i in live], max_new_tokens=self.cfg.max_new_tokens,
+                               seeds=[self._row_seed(i, turn) for i in live])
+        self.gens = {i: out[self.slot_of[i]] for i in live}
         eos = self.tokenizer.eos_ids
         return {i: self.tokenizer.decode([t for t in self.gens[i].tokens if t not in eos]) for i in live}
+
+    def decode(self, turns, chunk):
+        if self.refresh_params is not None:  # the swap point of partial rollouts
+            params, version = self.refresh_params()
+            if version != self.version:
+                self.params, self.version = self.sampler.prepare(params), version
+        episode_of = {self.slot_of[i]: i for i in turns}
+        ended = self.mt.decode(self.params, {self.slot_of[i]: (self.cfg.max_new_tokens, self._row_seed(i, t))
+                                             for i, t in turns.items()}, chunk=chunk)
+        eos, out = self.tokenizer.eos_ids, {}
+        for slot, gen in ended.items():
+            i = episode_of[slot]
+            self.gens[i] = gen
+            out[i] = self.tokenizer.decode([t for t in gen.tokens if t not in eos])
+        return out
 
     def observe(self, episodes, seen):
         full, prompts = set(), {}
         for i, s in seen.items():
-            ids, room = self.representation.next_prompt(self.mt, i, episodes[i], self.systems[i], s.text,
+            slot = self.slot_of[i]
+            ids, room = self.representation.next_prompt(self.mt, slot, episodes[i], self.systems[i], s.text,
                                                         stopped=self.gens[i].finish_reason == "stop")
             if len(ids) + self.cfg.max_new_tokens > room:
                 full.add(i)  # no room for another turn
                 continue
             prompts[i] = ids
         # This turn's rows are complete (step-wise): free their slots for the new prompts.
-        for i, conv in self.representation.close_turns(self.mt, list(prompts)).items():
-            episodes[i].rows.append(conv)
+        episode_of = {self.slot_of[i]: i for i in prompts}
+        closed = self.representation.close_turns(self.mt, [self.slot_of[i] for i in prompts])
+        for slot, conv in closed.items():
+            episodes[episode_of[slot]].rows.append(conv)
         if prompts:
-            self.mt.extend(self.params, prompts)
+            self.mt.extend(self.params, {self.slot_of[i]: ids for i, ids in prompts.items()})
             jax.block_until_ready(self.mt.state)
         return full
 
+    def release(self, episodes, i):
+        slot = self.slot_of.pop(i, None)
+        if slot is None:
+            return
+        if slot in self.mt.conversations:
+            conv = self.mt.release([slot])[slot]
+            episodes[i].rows += self.representation.final_rows(conv)
+            episodes[i].conversation = conv
+        self.gens.pop(i, None)
+
     def finish(self, episodes):
         for i, ep in enumerate(episodes):
-            if i in self.mt.conversations:
-                ep.rows += self.representation.final_rows(self.mt.conversations[i])
-                ep.conversation = self.mt.conversations[i]
+            slot = self.slot_of.get(i)
+            if slot in self.mt.conversations:
+                ep.rows += self.representation.final_rows(self.mt.conversations[slot])
+                ep.conversation = self.mt.conversations[slot]
 
 
 class ScriptedAgent(abc.ABC):
     """Base of the per-episode scripted agents: `begin(i, episode, first)` at the start,
     `action(i, observation)` each step (the latest observation); no token rows."""
+
+    capacity = None  # any number of episodes at once
 
     def __init__(self):
         self.last: dict[int, Observation] = {}
@@ -161,9 +223,15 @@ class ScriptedAgent(abc.ABC):
     def act(self, live, turn):
         return {i: self.action(i, self.last[i]) for i in live}
 
+    def decode(self, turns, chunk):
+        return {i: self.action(i, self.last[i]) for i in sorted(turns)}  # index order, as in lock step
+
     def observe(self, episodes, seen):
         self.last.update({i: s.observation for i, s in seen.items()})
         return set()
+
+    def release(self, episodes, i):
+        self.last.pop(i, None)
 
     def finish(self, episodes):
         pass
@@ -196,22 +264,28 @@ class ExplorerAgent(ScriptedAgent):
     real, varied transitions for runs whose policy cannot act yet. tau2 has neither: there the
     expert action is the gold path's next step (`GoldPolicy`) and the random one a probe call
     (`gold.tau2_probe_call`: another of the agent's tools on the task's own argument values).
-    Draws come from one generator seeded with `seed`, episode after episode in index order."""
+    Draws come from one generator seeded with `seed`, episode after episode in index order
+    (lock step: the order the driver asks in), or with `per_episode` from each episode's own
+    generator (seeded with `seed` and its index): the same draws in whatever order episodes
+    advance, as the asynchronous driver needs to be reproducible."""
 
-    def __init__(self, *, gold_prob: float, seed: int):
+    def __init__(self, *, gold_prob: float, seed: int, per_episode: bool = False):
         super().__init__()
-        self.gold_prob = gold_prob
-        self.rng = np.random.default_rng(seed)
+        self.gold_prob, self.seed, self.per_episode = gold_prob, seed, per_episode
+        self.shared_rng = np.random.default_rng(seed)
+        self.rngs: dict[int, np.random.Generator] = {}
         self.envs: dict[int, str] = {}
         self.tau2: dict[int, tuple[GoldPolicy, Observation]] = {}
 
     def begin(self, i, episode, first):
         self.envs[i] = episode.task.env
+        if self.per_episode:
+            self.rngs[i] = np.random.default_rng([self.seed, i])
         if episode.task.env == "tau2":  # no admissible commands: gold calls, or a probe call off the path
             self.tau2[i] = (GoldPolicy("tau2", first), first)
 
     def action(self, i, obs):
-        p, rng = obs.privileged, self.rng
+        p, rng = obs.privileged, self.rngs.get(i, self.shared_rng)
         if i in self.tau2:
             policy, first = self.tau2[i]
             probe = tau2_probe_call(first, lambda n: int(rng.integers(n))) if rng.random() >= self.gold_prob else None

@@ -6,8 +6,9 @@ tokens' logprobs aligned with it. The history is never re-tokenised: environment
 tokenised once when it arrives, generated ids are kept as they were sampled.
 
 `MultiTurn` keeps one conversation per slot and the sampler state: `extend` prefills only
-new (environment) tokens, `generate` continues the chosen slots, `release` hands back a
-finished conversation and frees its slot for the next episode.
+new (environment) tokens, `generate` continues the chosen slots (`decode`: by chunks of a few
+tokens, each slot's turn resumed until it ends, so rows can join between chunks), `release`
+hands back a finished conversation and frees its slot for the next episode.
 """
 
 from __future__ import annotations
@@ -34,11 +35,14 @@ class Conversation:
         self.assistant_mask.extend([0] * len(ids))
         self.logprobs.extend([0.0] * len(ids))
 
-    def add_generation(self, gen: Generation) -> None:
+    def add_generation(self, gen: Generation, *, ends_turn: bool = True) -> None:
+        """Appends sampled tokens; `ends_turn=False`: a piece of a turn still being decoded
+        (its finish reason is recorded with the turn's last piece)."""
         self.ids.extend(int(i) for i in gen.tokens)
         self.assistant_mask.extend([1] * len(gen.tokens))
         self.logprobs.extend(float(x) for x in gen.logprobs)
-        self.finish_reasons.append(gen.finish_reason)
+        if ends_turn:
+            self.finish_reasons.append(gen.finish_reason)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -49,6 +53,15 @@ class Conversation:
                 "logprobs": np.asarray(self.logprobs, np.float32)}
 
 
+@dataclasses.dataclass
+class _OpenTurn:
+    """A turn `MultiTurn.decode` has started and not ended: its seed, budget left, pieces."""
+
+    seed: int
+    remaining: int
+    pieces: list[Generation] = dataclasses.field(default_factory=list)
+
+
 class MultiTurn:
     """Conversations living in sampler slots (host-side bookkeeping, device-side cache)."""
 
@@ -56,6 +69,7 @@ class MultiTurn:
         self.sampler = sampler
         self.state = sampler.init_state() if state is None else state
         self.conversations: dict[int, Conversation] = {}
+        self._open: dict[int, _OpenTurn] = {}  # slot -> its turn being decoded in chunks (`decode`)
 
     def free_slots(self) -> list[int]:
         return [s for s in range(self.sampler.batch_size) if s not in self.conversations]
@@ -87,8 +101,42 @@ class MultiTurn:
             self.conversations[slot].add_generation(gen)
         return out
 
+    def decode(self, params, turns: Mapping[int, tuple[int, int]], *, chunk: int) -> dict[int, Generation]:
+        """Decodes up to `chunk` more tokens of each slot's current turn and returns the turns
+        that ended (a stop token, or their budget); the others stay open for the next call.
+        `turns`: slot -> (the turn's token budget, its sampling seed), read when a slot's turn
+        opens. Sampling keys depend on positions only, so a turn decoded in chunks has the
+        tokens of one `generate` call (up to numerics that the batch's window can change)."""
+        for slot, (budget, seed) in turns.items():
+            if slot not in self.conversations:
+                raise ValueError(f"slot {slot} has no conversation: extend it with a prompt first")
+            if slot not in self._open:  # a new turn: its budget as `generate` caps it
+                self._open[slot] = _OpenTurn(seed, max(0, min(budget, self.room(slot))))
+        slots = list(turns)
+        open_turns = [self._open[s] for s in slots]
+        self.state, out = self.sampler.generate(
+            params, self.state, slots, max_new_tokens=[min(chunk, t.remaining) for t in open_turns],
+            seeds=[t.seed for t in open_turns], lengths=self._lengths())
+        ended = {}
+        for slot, turn in zip(slots, open_turns):
+            piece = out[slot]
+            turn.pieces.append(piece)
+            turn.remaining -= len(piece.tokens)
+            done = piece.finish_reason == "stop" or turn.remaining <= 0
+            self.conversations[slot].add_generation(piece, ends_turn=done)
+            if done:
+                del self._open[slot]
+                ended[slot] = Generation(
+                    tokens=np.concatenate([p.tokens for p in turn.pieces]),
+                    logprobs=np.concatenate([p.logprobs for p in turn.pieces]),
+                    sampling_logprobs=np.concatenate([p.sampling_logprobs for p in turn.pieces]),
+                    finish_reason=piece.finish_reason)
+        return ended
+
     def release(self, slots: Sequence[int]) -> dict[int, Conversation]:
         """Ends the conversations in `slots`, frees their cache slots and returns them."""
         done = {s: self.conversations.pop(s) for s in slots}
+        for s in slots:
+            self._open.pop(s, None)
         self.state = self.sampler.release(self.state, slots)
         return done

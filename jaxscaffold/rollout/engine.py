@@ -300,12 +300,12 @@ class Sampler:
 
     # ---------------------------------------------------------------- decode
 
-    def generate(self, params, state: SamplerState, slots: Sequence[int], *, max_new_tokens: int,
+    def generate(self, params, state: SamplerState, slots: Sequence[int], *, max_new_tokens: int | Sequence[int],
                  seeds: Sequence[int], lengths: np.ndarray | None = None
                  ) -> tuple[SamplerState, dict[int, Generation]]:
         """Decodes in the given slots until each emits a stop token or `max_new_tokens`
-        (capped by the slot's room). Other slots sit out. Returns the new state and each
-        slot's Generation.
+        (one for all, or one per slot, aligned with `slots`; capped by the slot's room). Other
+        slots sit out. Returns the new state and each slot's Generation.
 
         Runs in chunks (a windowed backend): each attends over the smallest window bucket that
         holds the longest row's next token, and ends when a row fills it; the rows still going continue
@@ -314,8 +314,11 @@ class Sampler:
         lengths = np.array(self.lengths(state) if lengths is None else lengths, np.int64)
         remaining = np.zeros(self.batch_size, np.int64)
         row_seeds = np.zeros(self.batch_size, np.uint32)
-        for slot, seed in zip(slots, seeds):
-            remaining[slot] = max(0, min(max_new_tokens, self.max_len - 1 - int(lengths[slot])))
+        budgets = [max_new_tokens] * len(slots) if np.ndim(max_new_tokens) == 0 else list(max_new_tokens)
+        if len(budgets) != len(slots):
+            raise ValueError(f"{len(budgets)} token budgets for {len(slots)} slots")
+        for slot, seed, budget in zip(slots, seeds, budgets):
+            remaining[slot] = max(0, min(int(budget), self.max_len - 1 - int(lengths[slot])))
             row_seeds[slot] = np.uint32(seed % 2**32)
         empty = (np.zeros(0, np.int32), np.zeros(0, np.float32), np.zeros(0, np.float32))
         pieces = {slot: [empty] for slot in slots}  # (tokens, logprobs, sampling_logprobs) per chunk

@@ -27,6 +27,11 @@ class ServedEnvs:
     def step(self, actions: Mapping[int, str]) -> dict[int, StepResult | EpisodeFailure]:
         return self.envs.step(actions)
 
+    def __getattr__(self, name: str):  # the rest of the envs' interface (the pool's asynchronous one)
+        if name == "envs":  # not set yet (e.g. while unpickling)
+            raise AttributeError(name)
+        return getattr(self.envs, name)
+
     def close(self) -> None:
         try:
             self.envs.close()
@@ -56,6 +61,6 @@ def make_envs(cfg: RunConfig, names: Iterable[str]) -> EnvBatch:
 def _envs(cfg: RunConfig, names: set[str], kwargs: dict) -> EnvBatch:
     if cfg.envs.num_workers > 0:  # the workers build envs by import path: registered ones too
         factories = {n: registry.import_path(n) for n in registry.ENVS}
-        return EnvPool(cfg.envs.num_workers, step_timeout_s=cfg.envs.step_timeout_s, env_kwargs=kwargs,
-                       factories=factories)
+        return EnvPool(cfg.envs.num_workers, step_timeout_s=cfg.envs.step_timeout_s,
+                       reset_timeout_s=cfg.envs.reset_timeout_s, env_kwargs=kwargs, factories=factories)
     return LocalEnvs({n: registry.factory(n, **kwargs.get(n, {})) for n in names})

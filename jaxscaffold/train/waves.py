@@ -1,7 +1,9 @@
-"""Rollouts in waves: a step's groups sampled at most `rollout.max_rows_in_flight` rows at
-a time, whole groups per wave, so the sampler's KV cache (rows x max_len slots) is sized by
-the wave, not the step. Row seeds and feedback decisions are keyed by episode and group, so
-waves sample what one pass would (tests/train/test_waves.py)."""
+"""The sampler's size: at most `rollout.max_rows_in_flight` rows (whole groups), so its KV
+cache (rows x max_len slots) is sized by that, not the step. The asynchronous driver runs a
+whole step through those slots (a finished episode's slot goes to the next one); lock step
+(`rollout.lockstep`) runs the groups in waves of that many rows. Row seeds and feedback
+decisions are keyed by episode and group, so either samples what one pass would
+(tests/train/test_waves.py)."""
 
 from __future__ import annotations
 

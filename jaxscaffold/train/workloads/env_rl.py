@@ -118,14 +118,16 @@ class EnvWorkload:
             feedback = Feedback(schedule, self.enrichers, mode=cfg.feedback.mode, run_seed=run_seed,
                                 train_step=step, num_groups=len(tasks))
             episodes = []
-            for wave in waves(mine, groups_per_wave(c, len(share))):  # rollout.max_rows_in_flight
+            # Asynchronous: the whole batch at once, episodes taking the sampler's slots as they
+            # free; lock step: in waves of whole groups that fit the slots (rollout.max_rows_in_flight).
+            for wave in waves(mine, groups_per_wave(c, len(share)) if c.lockstep else max(1, len(mine))):
                 flat = [tasks[g] for g in wave for _ in range(c.group_size)]
                 groups = [g for g in wave for _ in range(c.group_size)]
                 episode_ids = [g * c.group_size + r for g in wave for r in range(c.group_size)]
                 agent = ModelAgent(params, job.sampler, job.tokenizer, rcfg, seed=run_seed, train_step=step,
                                    episode_ids=episode_ids)
                 episodes += run_episodes(agent, self.envs, flat, groups, max_turns=rcfg.max_turns, feedback=feedback,
-                                         timings=timings)
+                                         timings=timings, lockstep=c.lockstep, decode_chunk=c.decode_chunk)
             for e in episodes:  # groups of different generation batches stay apart
                 e.group += batch_index * c.tasks_per_step
             batches += 1
@@ -196,12 +198,15 @@ class EnvWorkload:
         everyone = self.eval_tasks if tasks is None else list(tasks)
         tasks = [everyone[i] for i in process_share(len(everyone))]
         episodes = []
-        n = job.eval_sampler.batch_size
+        # Asynchronous: every task at once, in the sampler's slots as they free; lock step: in
+        # chunks of the slots. Greedy, so the rows' seeds (keyed by index) choose nothing.
+        n = job.eval_sampler.batch_size if c.lockstep else max(1, len(tasks))
         for start in range(0, len(tasks), n):
             chunk = tasks[start:start + n]
             agent = ModelAgent(params, job.eval_sampler, job.tokenizer, rcfg, seed=seeds.derive(job.cfg.seed, "eval"),
                                train_step=step)
-            episodes += run_episodes(agent, self.envs, chunk, max_turns=rcfg.max_turns)
+            episodes += run_episodes(agent, self.envs, chunk, max_turns=rcfg.max_turns, lockstep=c.lockstep,
+                                     decode_chunk=c.decode_chunk)
         return episodes
 
     def evaluate(self, job: Job, params, step: int) -> dict[str, float]:

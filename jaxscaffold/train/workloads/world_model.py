@@ -76,21 +76,26 @@ def policy_trajectories(job: Job, params, envs, tasks: Sequence[Task]) -> list[E
     params = sampler_params(params, sampler)
     flat = [t for t in tasks for _ in range(w.rollouts_per_task)]
     episodes = []
+    # Chunks of the sampler's slots: each chunk's seed derives from its start (as it always has).
     for start in range(0, len(flat), sampler.batch_size):
         chunk = flat[start:start + sampler.batch_size]
         agent = ModelAgent(params, sampler, job.tokenizer, rcfg, seed=seeds.derive(job.cfg.seed, "collect", start),
                            train_step=0)
-        episodes += run_episodes(agent, envs, chunk, max_turns=rcfg.max_turns)
+        episodes += run_episodes(agent, envs, chunk, max_turns=rcfg.max_turns, lockstep=job.cfg.rollout.lockstep,
+                                 decode_chunk=job.cfg.rollout.decode_chunk)
     return episodes
 
 
 def explorer_trajectories(envs, tasks: Sequence[Task], *, rollouts_per_task: int, max_steps: int,
-                          gold_prob: float, seed: int) -> list[Episode]:
+                          gold_prob: float, seed: int, lockstep: bool = False) -> list[Episode]:
     """Trajectories of a scripted explorer: each step the next expert action with probability
     `gold_prob`, else a random admissible command. For runs whose policy cannot act yet (the
-    embedded tiny default): the transitions are the env's real ones, and varied."""
+    embedded tiny default): the transitions are the env's real ones, and varied. Asynchronous
+    (the default), each episode draws from its own generator (`ExplorerAgent.per_episode`), so
+    the envs' answering order changes no draw; lock step keeps one generator, in index order."""
     flat = [t for t in tasks for _ in range(rollouts_per_task)]
-    return run_episodes(ExplorerAgent(gold_prob=gold_prob, seed=seed), envs, flat, max_turns=max_steps)
+    return run_episodes(ExplorerAgent(gold_prob=gold_prob, seed=seed, per_episode=not lockstep), envs, flat,
+                        max_turns=max_steps, lockstep=lockstep)
 
 
 # ----------------------------------------------------------------------------- the data set
@@ -166,7 +171,7 @@ def prepare_data(job: Job, params, reward_fn) -> WorldModelData:
         else:  # "explore"
             episodes = explorer_trajectories(envs, tasks, rollouts_per_task=w.rollouts_per_task,
                                              max_steps=w.collect_max_turns, gold_prob=w.explore_gold_prob,
-                                             seed=seeds.derive(cfg.seed, "explore"))
+                                             seed=seeds.derive(cfg.seed, "explore"), lockstep=cfg.rollout.lockstep)
     finally:
         envs.close()
     failures = sum(e.failure is not None for e in episodes)
