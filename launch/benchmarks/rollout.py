@@ -280,19 +280,24 @@ def rollouts(args) -> None:
     failures = sum(e.failure is not None for r in runs.values() for e in r.episodes)
     info = {"episodes": len(lock.episodes), "failures": failures, "lockstep_turns": lock.turns,
             "mean_turns": statistics.mean(len(e.actions) for e in lock.episodes),
-            "lockstep_busy_s": round(busy, 3), "lockstep_env_s": round(lock.stats.get("time/env_s", 0.0), 3)}
+            **split(lock.stats)}
     REPORT.figure("lockstep_s", lock.wall_s, "s", fields=info)
     REPORT.figure("bound_s", bound, "s", fields={"decode_s": round(decode, 3), "longest_chain_s": round(max(chains), 3),
                                                 "turn_s": round(turn, 4)})
     if "async" in runs:
         a = runs["async"]
         r = ratios(lock.wall_s, a.wall_s, bound)
-        REPORT.figure("async_s", a.wall_s, "s", fields={
-            "busy_s": round(a.stats.get("time/decode_s", 0.0) + a.stats.get("time/prefill_s", 0.0), 3),
-            "idle_share": round(a.stats.get("time/rollout_idle_share", 0.0), 3),
-            "same_actions": same_actions(lock.episodes, a.episodes)})
+        REPORT.figure("async_s", a.wall_s, "s", fields={**split(a.stats),
+                                                        "same_actions": same_actions(lock.episodes, a.episodes)})
         REPORT.figure("async_over_lockstep", r["async_over_lockstep"], "ratio", note="goal <= 0.4")
         REPORT.figure("async_over_bound", r["async_over_bound"], "ratio", note="goal <= 1.25")
+
+
+def split(stats: dict) -> dict[str, float]:
+    """A run's decode, prefill and env seconds (`Timings`, env summed over episodes) and its
+    accelerator idle share."""
+    return {k.replace("time/", "").replace("rollout_", ""): round(stats.get(k, 0.0), 3)
+            for k in ("time/decode_s", "time/prefill_s", "time/env_s", "time/rollout_idle_share")}
 
 
 def same_actions(a: list, b: list) -> float:
