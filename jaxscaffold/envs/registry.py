@@ -18,6 +18,7 @@ ENVS = {
     "tau2": ("jaxscaffold.envs.tau2", "catalogue", "Tau2Env", "tau2"),
     "jsonl": ("jaxscaffold.envs.jsonl", "catalogue", "JsonlEnv", None),  # split = a .jsonl path
     "rooms": ("jaxscaffold.envs.rooms", "catalogue", "RoomsEnv", None),  # the CPU testbed for FEE
+    "latency": ("jaxscaffold.envs.latency", "catalogue", "LatencyEnv", None),  # steps that sleep: the rollout benchmark's
 }
 
 # name: the splits its catalogue takes (listed here so a config is checked without importing
@@ -30,6 +31,7 @@ SPLITS = {
                  "in_distribution", "out_of_distribution"),
     "tau2": ("train", "test", "base"),
     "rooms": ("train", "test"),
+    "latency": ("train", "test"),
 }
 TAU2_DOMAINS = ("retail", "airline", "telecom")
 # ScienceWorld's levels and their splits ("L1/test"; a bare split is the default level L0's).

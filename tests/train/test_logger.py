@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from jaxscaffold.train.logger import MetricLogger, duration, eta_s
+from jaxscaffold.train.logger import MetricLogger, duration, eta_s, time_split
 
 
 def test_eta_counts_the_evaluations_still_due():
@@ -48,6 +48,19 @@ def test_the_first_eta_is_within_2x_of_the_time_left(tmp_path):
     assert left / 2 <= 84 <= left * 2
     eta_at_10 = lines[9].split("eta ")[1]  # one evaluation measured: the other two at its 20 s
     assert eta_at_10 == duration(20 * 3 + 2 * 20) and lines[-1].endswith("eta 0s")
+
+
+def test_the_progress_line_shows_the_rollout_train_split(tmp_path):
+    assert time_split({"time/rollout_s": 12.34, "time/train_s": 4.06}) == "  rollout 12.3s / train 4.1s"
+    assert time_split({"time/rollout_s": 3.0, "time/train_s": 1.0, "time/rollout_idle_share": 0.414}) == \
+        "  rollout 3.0s (idle 41%) / train 1.0s"
+    assert time_split({"time/eval_s": 2.0}) == ""  # an evaluation-only row (step 0)
+    stream = io.StringIO()
+    logger = MetricLogger(str(tmp_path), total_steps=1, stream=stream)
+    logger.log(1, {"step": 1, "rollout/reward": 0.5, "time/rollout_s": 6.0, "time/train_s": 2.0,
+                   "time/rollout_idle_share": 0.25})
+    logger.close([])
+    assert "reward 0.500  rollout 6.0s (idle 25%) / train 2.0s  eta" in stream.getvalue()
 
 
 def _events(tb_dir):
