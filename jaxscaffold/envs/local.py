@@ -74,7 +74,8 @@ class LocalEnvs:
 
     def _fail(self, i: int, op: str, e: Exception) -> EpisodeFailure:
         task = self.tasks[i]
-        log.warning("episode %d (%s %s) failed [error] in %s: %s", i, task.env, task.task_id, op, e)
+        # INFO: a training step reports its failed episodes in one line (`train.failures.StepGuard`).
+        log.info("episode %d (%s %s) failed [error] in %s: %s", i, task.env, task.task_id, op, e)
         env, self.envs[i] = self.envs[i], None  # discarded, as the pool does
         if env is not None:
             try:

@@ -580,7 +580,8 @@ class EnvPool:
         results[i] = failure
         self.stats["failures"] += 1
         self.stats[f"failures_{kind}"] += 1
-        logger.warning("episode %d (%s %s) failed [%s]: %s", i, ep.task.env, ep.task.task_id,
+        # INFO: a training step reports its failed episodes in one line (`train.failures.StepGuard`).
+        logger.info("episode %d (%s %s) failed [%s]: %s", i, ep.task.env, ep.task.task_id,
                        kind, reason)
 
     def _ensure_alive(self) -> None:
