@@ -63,10 +63,15 @@ def check_out_dir(out_dir: str) -> None:
 
 
 def _check_tokenizer(cfg: RunConfig) -> None:
+    from jaxscaffold.models import hub
     from jaxscaffold.models.tokenizer import load_tokenizer
     from jaxscaffold.train.job import tokenizer_path
 
-    path = None if cfg.model.vocabulary else tokenizer_path(cfg.model)
+    try:
+        path = None if cfg.model.vocabulary else tokenizer_path(cfg.model)
+    except hub.ModelNotFoundError as e:  # neither a directory nor a cached hub id
+        raise ConfigError(f"config.model.tokenizer: cannot load a tokenizer from "
+                          f"{cfg.model.tokenizer or cfg.model.hf_path} ({e})") from None
     if path is None:
         return
     try:
