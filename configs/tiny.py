@@ -1,8 +1,20 @@
 """The embedded default: the whole loop on CPU in minutes with a tiny random Qwen3 on the
-real Qwen3 vocabulary. It trains on the `letters` task, where the reward visibly rises, and
-evaluates on held-out letters tasks: the score it reports is the one it learns. The real
-environments run end to end with a random model too, but score 0 there (it cannot solve them),
-which read as failure beside the letters score; to watch them run, add
+real Qwen3 vocabulary. It trains on the `letters` task (reward: the share of the answer's letters
+that are the asked one) and evaluates greedily on held-out letters tasks: the score it reports
+is the one it learns. A win is a share of at least 0.25 here (`envs.env_kwargs`; the env's
+default is 0.5), twice what random text scores.
+
+What it does (measured, 2-core CPU): the train reward stays near random text's ~0.12 for about
+a dozen steps, then rises as the policy settles on one answer (entropy 11.9 -> 0); the greedy
+eval share goes from 0.0 at step 0 (the random model writes no letters) to 1.0 by step 20 with
+seed 0 (0.29 and 0.40 with seeds 1 and 2), so eval success goes 0 -> 1. The letters catalogue
+asks for 'e' in every task, so the 8 greedy eval answers are alike and success is 0 or 1.
+The recipe before (16-token answers, win at 0.5) settled at a share of 0.27 by step 20 and
+read as 0 success. The learning rate is high (3e-2) for speed; once the policy's samples are
+alike, GRPO has no advantage left, so a run keeps the answer it settled on.
+
+The real environments run end to end with a random model too, but score 0 there (it cannot
+solve them), which read as failure beside the letters score; to watch them run, add
 `--config.envs.eval=letters:test:8,sciworld:test:2,bfcl:validation:2 --config.eval.max_len=4096`
 (BFCL's system prompt holds the function docs, up to ~3.7k tokens; each is reported as its own
 `eval/success_ENV`). They are not trained on: their prompts (~300-500 tokens for ScienceWorld,
@@ -33,14 +45,18 @@ def get_config():
     c.rollout.tasks_per_step = 4
     c.rollout.group_size = 8
     c.rollout.max_turns = 1
-    c.rollout.max_new_tokens = 16
+    c.rollout.max_new_tokens = 8  # short answers: a cheaper step, and seed 0 reaches a share of 1.0 (16 tokens: it settles at 0.27)
     c.rollout.max_len = 128
     c.rollout.enable_thinking = False
     c.envs.train = "letters"
     c.envs.eval = "letters:test:8"  # env:split:n tasks: the task it trains, held out
     c.envs.num_workers = 1
+    # A win: a quarter of the answer's letters are the asked one, twice random text's ~0.12. At
+    # the env's default 0.5 only seed 0 of the three measured wins (seeds 1 and 2 settle on one
+    # answer with 0.29 and 0.40), so the demo's success would read 0 although it learned.
+    c.envs.env_kwargs = '{"letters": {"win_share": 0.25}}'
     c.feedback.schedule = "none"
-    c.eval.every = 15  # at 15 the letters reward starts rising, at 30 it has
+    c.eval.every = 10  # evaluations at 0, 10, 20 and 30: the rise (measured: about step 20) shows
     c.eval.tasks = 0  # no cap: the counts of envs.eval
     c.eval.batch_size = 2  # eval rows (a BFCL prompt's prefill, when evaluated, costs ~5 s a row on CPU)
     c.eval.max_turns = 1
