@@ -304,7 +304,7 @@ def load_pretrained(path: str, *, dtype: str = "float32", mesh=None,
         shardings = jax.tree.map(lambda _: SingleDeviceSharding(jax.devices()[0]), shapes)
     else:
         shardings = param_shardings(config, mesh, rules)
-    used, params = set(), {}
+    used, params, nonfinite = set(), {}, set()
     for p in _param_map(config):
         target: jax.ShapeDtypeStruct = _get(shapes, p.path)
         sharding = _get(shardings, p.path)
@@ -329,37 +329,28 @@ def load_pretrained(path: str, *, dtype: str = "float32", mesh=None,
 
         def callback(index, p=p, names=names, np_dtype=np_dtype):
             if not p.stacked:
-                return _read_block(infos[names[0]], p.transpose, index).astype(np_dtype, copy=False)
-            layers = range(len(names))[index[0]]
-            first = _read_block(infos[names[layers[0]]], p.transpose, index[1:])
-            out = np.empty((len(layers),) + first.shape, np_dtype)  # filled in place: no stack copy
-            out[0] = first
-            for j, i in enumerate(layers[1:], 1):
-                out[j] = _read_block(infos[names[i]], p.transpose, index[1:])
+                out = _read_block(infos[names[0]], p.transpose, index).astype(np_dtype, copy=False)
+            else:
+                layers = range(len(names))[index[0]]
+                first = _read_block(infos[names[layers[0]]], p.transpose, index[1:])
+                out = np.empty((len(layers),) + first.shape, np_dtype)  # filled in place: no stack copy
+                out[0] = first
+                for j, i in enumerate(layers[1:], 1):
+                    out[j] = _read_block(infos[names[i]], p.transpose, index[1:])
+            # Checked on the host as each block streams in: no program to compile, one block's temporary.
+            if not np.isfinite(out).all():
+                nonfinite.add(p.hf_name.format(i="*") if p.stacked else p.hf_name)
             return out
 
         _set(params, p.path, _place(target.shape, sharding, callback))
     unused = sorted(set(infos) - used - {"lm_head.weight"})
     if unused:
         log.warning("%s: %d tensors not used by the model, e.g. %s", path, len(unused), unused[:3])
-    bad = nonfinite_params(params)
-    if bad:
+    if nonfinite:
+        bad = sorted(nonfinite)
         raise CheckpointError(f"{path}: non-finite values (NaN or inf) in {len(bad)} parameter(s), e.g. "
                               f"{', '.join(bad[:3])}")
     return config, params
-
-
-def nonfinite_params(params) -> list[str]:
-    """The paths of the parameters holding a NaN or an infinity: one reduction per array on
-    its devices, one transfer of the flags."""
-    leaves = jax.tree_util.tree_leaves_with_path(params)
-    flags = jax.device_get(_finite_flags([x for _, x in leaves]))
-    return [jax.tree_util.keystr(p) for (p, _), ok in zip(leaves, flags) if not ok]
-
-
-@jax.jit
-def _finite_flags(arrays: list) -> jax.Array:
-    return jnp.stack([jnp.all(jnp.isfinite(x)) for x in arrays])
 
 
 def param_reader(directory: str, config: Qwen3Config):
