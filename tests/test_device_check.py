@@ -4,6 +4,7 @@ holds; the script runs the checkout's python and passes its flags on."""
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
