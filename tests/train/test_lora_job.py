@@ -33,23 +33,32 @@ def _bf16_base(path, final_norm: float = 1.0):
 @pytest.mark.slow
 def test_lora_learns_the_letters_task(tmp_path):
     """Only the adapters train, and the letters reward rises (a random policy scores ~0.12).
-    The base's final norm is scaled up (x12): the adapters cannot touch the (tied) embedding,
-    and at the random init's norm no direction of the last hidden state moves the logits of a
-    151,936-token vocabulary enough to favour a few tokens (measured at lr 0.1: no rise in 30
-    steps); x12 leaves the initial policy random (entropy ~5) but learnable (x25 makes it
-    deterministic: entropy 0.003, reward 0, nothing to learn from). Measured with
-    these settings (XLA's test flags, 2 tasks x 8 rollouts a step, 50 steps): reward ~0.10-0.15
-    for 30 steps, then 0.22 at step 32 and 0.45-0.50 from step 38 on (at lr 5e-2 it rose to 0.40
-    by step 23, fell back to 0.11 and rose again: unstable). 4 tasks a step learn alike at twice
-    the cost."""
+    The base's final norm is scaled up (x18): the adapters cannot touch the (tied) embedding, so
+    the logits are the final norm's scale times a direction of the last hidden state against a
+    random 151,936 x 64 embedding. Once an update moves that direction off the input token's
+    (the init mostly repeats tokens), the policy is near random, with an entropy of about
+    ln(V) - (0.16 x scale)^2 / 2: 10.1 at x12, 8.7 at x16, 7 at x18. At x12 the policy is too
+    flat to learn from reliably: the rise waits for a chance concentration on some e-rich token,
+    so when it comes depends on float rounding (the CPU's instruction set): it came at step 32
+    on an AMD Zen, on an Intel Xeon not in 50 steps at lr 3e-2 (0.09-0.14 throughout, entropy
+    ~10), and at lr 1e-2 it reached 0.26 at step 37 and fell back at 38. x18 is sharper: the
+    reward rises steadily to a deterministic policy scoring 0.333 (a word a third e: all
+    advantages 0, so it stays). x20 starts deterministic with reward 0 (6 steps: nothing to learn).
+    Measured on an Intel Xeon ("Intel(R) Xeon(R) Processor", XLA's test flags, 2 tasks x 8
+    rollouts a step): at x18, lr 2e-2, the reward is 0.013 at step 1 (the init repeats tokens),
+    0.10-0.20 to step 12, 0.15-0.23 at steps 13-18 and 0.30-0.333 from step 19 on (entropy 0.1
+    by step 24, 0.028 at 50). Neighbours: x18 at lr 3e-2 learned faster (0.40 from step 7 to 37, a
+    mean of 0.24 over the first 10 steps: hence the start is judged by step 1 and the end
+    against the random policy's 0.12, not against the first 10 steps); x16 at lr 3e-2 rose at
+    steps 31-35 to 0.333; x16 at lr 2e-2 only crept to 0.20 by step 50 (too slow)."""
     cfg = tiny_config(tmp_path / "run", steps=50, **{
-        "model.hf_path": _bf16_base(tmp_path / "base", final_norm=12.0), "lora.rank": 8,
-        "lora.base_dtype": "bfloat16", "rl.lr": 3e-2, "rollout.tasks_per_step": 2, "rollout.group_size": 8,
+        "model.hf_path": _bf16_base(tmp_path / "base", final_norm=18.0), "lora.rank": 8,
+        "lora.base_dtype": "bfloat16", "rl.lr": 2e-2, "rollout.tasks_per_step": 2, "rollout.group_size": 8,
         "eval.every": 0, "checkpoint.every": 50})
     hist = train(cfg)["history"]
     reward = [h["rollout/reward"] for h in hist]
-    first, last = np.mean(reward[:10]), np.mean(reward[-5:])
-    assert first < 0.2 and last > first + 0.1, reward
+    first, last = reward[0], np.mean(reward[-5:])
+    assert first < 0.2 and last > 0.12 + 0.1, reward  # starts unlearned, ends well above random
 
 
 @pytest.mark.slow
