@@ -70,8 +70,9 @@ def _check_tokenizer(cfg: RunConfig) -> None:
     try:
         path = None if cfg.model.vocabulary else tokenizer_path(cfg.model)
     except hub.ModelNotFoundError as e:  # neither a directory nor a cached hub id
-        raise ConfigError(f"config.model.tokenizer: cannot load a tokenizer from "
-                          f"{cfg.model.tokenizer or cfg.model.hf_path} ({e})") from None
+        if not cfg.model.tokenizer:
+            raise  # model.hf_path's own one line
+        raise ConfigError(f"config.model.tokenizer: cannot load a tokenizer from {cfg.model.tokenizer} ({e})") from None
     if path is None:
         return
     try:
