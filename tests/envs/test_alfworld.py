@@ -77,6 +77,7 @@ def test_catalogue_from_folders(alfworld_data, monkeypatch):
 
 def test_missing_data_dir_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no games in ALFWorld's default ~/.cache/alfworld either
     with pytest.raises(FileNotFoundError, match="ALFWORLD_DATA"):
         A.catalogue("valid_unseen")
     with pytest.raises(FileNotFoundError, match=r"json_2\.1\.1/<split>/<task-folder>/<trial>/game\.tw-pddl"):

@@ -50,7 +50,8 @@ def test_staleness_0_is_the_synchronous_loop_bit_for_bit(tmp_path):
     for h, r in zip(out["history"], reference, strict=True):
         assert not any(k.startswith("rollout/staleness") for k in h)  # k = 0 logs what it logged
         for k, v in r.items():
-            assert h[k] == v, k
+            if not k.startswith("time/"):  # wall-clock seconds (the rollouts' decode / env / idle shares)
+                assert h[k] == v, k
 
 
 @pytest.mark.slow  # ~80 s: a 3-step run, its resume and a 2-step reference
