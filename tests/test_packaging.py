@@ -1,5 +1,5 @@
 """pyproject.toml builds without a warning of setuptools': the wheel and the editable install
-(PEP 660, as `pip install -e .` builds it), run through setuptools' own build backend in a copy
+(PEP 660, as `pip install -e .` builds it) with the console commands, run through setuptools' own build backend in a copy
 of the project's packaging files, with every warning an error."""
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ def test_the_package_builds_without_warnings(tmp_path, hook):
     assert out.returncode == 0, out.stderr[-3000:]
     wheel = tmp_path / "dist" / out.stdout.strip().splitlines()[-1]
     names = zipfile.ZipFile(wheel).namelist()
+    [entry_points] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    assert "jaxscaffold-train = jaxscaffold.cli:train" in zipfile.ZipFile(wheel).read(entry_points).decode()
     if hook == "build_wheel":  # the package and its data, nothing from beside it
         assert "jaxscaffold/envs/data/sciworld/SOURCE.md" in names
         assert all(n.startswith(("jaxscaffold/", "jaxscaffold-")) for n in names)
