@@ -40,7 +40,7 @@ fi
 case "$job" in
   demo) exec .venv/bin/python launch/tpu_train.py --config tiny.py "$@" ;;
   # -v: a line per test, naming its module, as it finishes (-q printed dots only)
-  test) exec .venv/bin/python -m pytest -v -n 2 --durations=15 "$@" ;;
+  test) exec .venv/bin/python -m pytest -v -n 2 --durations=40 "$@" ;;
   test-quick)
     mapfile -t quick < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' tests/quick_suite.txt | grep -v '^$')
     exec .venv/bin/python -m pytest -v -n 2 --durations=10 "${quick[@]}" "$@" ;;
