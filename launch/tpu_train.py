@@ -20,15 +20,18 @@ sys.path.insert(0, ROOT)
 
 from jaxscaffold import config as config_lib  # noqa: E402
 
-USAGE = "usage: python launch/tpu_train.py --config NAME_OR_PATH [--config.FIELD=VALUE ...] [--help]"
+USAGE = "usage: python launch/tpu_train.py --config NAME_OR_PATH[:VARIANT] [--config.FIELD=VALUE ...] [--help]"
 def parse_args(argv: list[str]) -> config_lib.RunConfig:
     """`--config NAME [--config.a.b=v ...] [--help]` -> the checked config (ConfigError if bad)."""
     cfg, rest, show_help = config_lib.from_command_line(argv, os.path.join(ROOT, "configs"))
+    if cfg is not None:
+        from jaxscaffold.train.config_checks import check
+        check(cfg)  # the names other modules define (presets, envs, feedback forms...)
     if rest:
         raise config_lib.ConfigError(f"unexpected argument {rest[0]!r}; {USAGE}")
     if show_help:
         print(__doc__ + "\n" + USAGE if cfg is None else f"{USAGE}\n\nThe fields (with the overrides given):\n"
-              f"{config_lib.describe(cfg, os.path.join(ROOT, 'configs'))}")
+              f"{config_lib.describe(cfg)}")
         sys.exit(0)
     if cfg is None:
         raise config_lib.ConfigError(f"--config is required, e.g. --config tiny.py; {USAGE}")

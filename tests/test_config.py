@@ -11,6 +11,7 @@ import pytest
 
 from jaxscaffold import config as config_lib
 from jaxscaffold.config import ConfigError
+from jaxscaffold.train import config_checks
 from jaxscaffold.feedback import enrichers, randomization, schedule
 from jaxscaffold.models import config as model_configs
 from jaxscaffold.rl import presets
@@ -29,7 +30,7 @@ def rwml():
 
 
 def build(cd, *overrides):
-    return config_lib.from_configdict(config_lib.parse_overrides(cd, list(overrides)))
+    return config_checks.checked(config_lib.parse_overrides(cd, list(overrides)))
 
 
 # What a config file leaves for its user to fill in (its docstring says so).
