@@ -730,10 +730,11 @@ def describe(cfg: RunConfig) -> str:
     """Every field of `cfg`, a line each, from the declarations:
     `--config.name=value  # description [type, allowed values; default]`."""
     fields = declarations()
+    sections = {f.name: f for f in dataclasses.fields(RunConfig) if "section" in f.metadata}
     lines = []
     for name, value in flat_fields(cfg.to_dict()).items():
-        if name not in fields:  # a section that is off (None)
-            lines.append(f"  --config.{name}={value!r}  # (section off)")
+        if name not in fields:  # an optional section that is off (None)
+            lines.append(f"  --config.{name}={value!r}  # {sections[name].metadata['help']} [section, off]")
             continue
         hint, f = fields[name]
         allowed = f.metadata["choices"]
