@@ -305,7 +305,7 @@ def defaults(cls: type = RunConfig) -> ConfigDict:
     cd = ConfigDict()
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        sub = f.metadata["section"] if "section" in f.metadata else None
+        sub = f.metadata.get("section")
         if sub is not None:
             if f.metadata["in_base"]:
                 cd[f.name] = defaults(sub)
@@ -397,7 +397,7 @@ def _typed(hint: type, f: dataclasses.Field, value, path: str):
         ok = isinstance(value, hint)
     if not ok:
         raise ConfigError(f"config.{path}={value!r} must be a {hint.__name__}")
-    if f.metadata["choices"] is not None:
+    if f.metadata.get("choices") is not None:
         one_of(path, value, f.metadata["choices"])
     return value
 
@@ -454,7 +454,7 @@ def _check_declared(obj, where: str) -> None:
             if value is not None:
                 _check_declared(value, f"{where}{f.name}.")
             continue
-        ge, gt, le = f.metadata["ge"], f.metadata["gt"], f.metadata["le"]
+        ge, gt, le = (f.metadata.get(bound) for bound in ("ge", "gt", "le"))
         if ge is not None or gt is not None:
             check_range(where + f.name, value, gt if ge is None else ge, le, strict=ge is None)
 
@@ -737,12 +737,13 @@ def describe(cfg: RunConfig) -> str:
             lines.append(f"  --config.{name}={value!r}  # {sections[name].metadata['help']} [section, off]")
             continue
         hint, f = fields[name]
-        allowed = f.metadata["choices"]
+        allowed = f.metadata.get("choices")
         kind = hint.__name__ + (": " + " | ".join(map(repr, allowed)) if allowed else _bounds(f.metadata))
-        lines.append(f"  --config.{name}={value!r}  # {f.metadata['help']} [{kind}; default {f.default!r}]")
+        lines.append(f"  --config.{name}={value!r}  # {f.metadata.get('help', '')} [{kind}; default {f.default!r}]")
     return "\n".join(lines)
 
 
 def _bounds(meta: Mapping) -> str:
-    low = f" >= {meta['ge']}" if meta["ge"] is not None else f" > {meta['gt']}" if meta["gt"] is not None else ""
-    return low + (f", <= {meta['le']}" if meta["le"] is not None else "")
+    ge, gt, le = (meta.get(bound) for bound in ("ge", "gt", "le"))
+    low = f" >= {ge}" if ge is not None else f" > {gt}" if gt is not None else ""
+    return low + (f", <= {le}" if le is not None else "")

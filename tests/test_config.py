@@ -11,10 +11,10 @@ import pytest
 
 from jaxscaffold import config as config_lib
 from jaxscaffold.config import ConfigError
-from jaxscaffold.train import config_checks
 from jaxscaffold.feedback import enrichers, randomization, schedule
 from jaxscaffold.models import config as model_configs
 from jaxscaffold.rl import presets
+from jaxscaffold.train import config_checks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
@@ -236,7 +236,8 @@ def test_config_imports_nothing_from_the_package():
     """config.py is the bottom of the package: the names other modules define are checked by
     those modules (train/config_checks), so every import of config.py is third-party or stdlib."""
     import ast
-    tree = ast.parse(open(os.path.join(ROOT, "jaxscaffold", "config.py")).read())
+    with open(os.path.join(ROOT, "jaxscaffold", "config.py")) as f:
+        tree = ast.parse(f.read())
     imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     imported += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     assert imported and not [m for m in imported if m == "jaxscaffold" or m.startswith("jaxscaffold.")], imported
@@ -256,7 +257,8 @@ def test_every_field_is_declared_once_with_a_description():
         assert f.metadata["choices"] is None or f.default in f.metadata["choices"], name
     assert config_lib.from_configdict(config_lib.defaults()).to_dict() == base().to_dict() | {"rwml": None}
     # base.py declares nothing itself: a field is added in one place, config.py
-    text = open(os.path.join(ROOT, "configs", "base.py")).read()
+    with open(os.path.join(ROOT, "configs", "base.py")) as f:
+        text = f.read()
     assert "c." not in text and "ConfigDict()" not in text
 
 
