@@ -291,8 +291,8 @@ class RunConfig:
     logging: Logging = section(Logging, "console and wandb logging")
     memory: Memory = section(Memory, "the start-up memory check")
     export: Export = section(Export, "the HF export at the end of a run")
-    lora: Lora | None = section(Lora, "LoRA adapters (a config without the section: off)", optional=True)
     rwml: RWML | None = section(RWML, "world-model RL (configs/rwml.py); only job = \"rwml\" reads it", optional=True, in_base=False)
+    lora: Lora | None = section(Lora, "LoRA adapters (a config without the section: off)", optional=True)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-serialisable values (checkpoints keep the config they were written with)."""
