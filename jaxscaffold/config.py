@@ -330,7 +330,8 @@ def declarations(cls: type = RunConfig, prefix: str = "") -> dict[str, tuple[typ
 
 
 def from_configdict(cd: ConfigDict | Mapping) -> RunConfig:
-    """The typed, checked run config of an ml_collections config (or its plain dict form)."""
+    """The typed run config of an ml_collections config (or its plain dict form), checked
+    against the declarations (the names other modules define: `train.config_checks.check`)."""
     d = cd.to_dict() if isinstance(cd, ConfigDict) else dict(cd)
     cfg = _build(RunConfig, d, "")
     _check_finite(cfg)  # before the range checks: NaN passes every comparison
