@@ -28,43 +28,10 @@ true states, and the echo template 0.07.
 import os
 import sys
 
-from ml_collections import ConfigDict
-
 sys.path.insert(0, os.path.dirname(__file__))
 import base  # noqa: E402
 
-
-def rwml_fields() -> ConfigDict:
-    w = ConfigDict()
-    w.objective = "rl"  # rl (RWML) | sft (the WM-SFT baseline: cross-entropy on the next state)
-    w.collect_policy = "model"  # model (rollouts of the initial policy, the paper) | explore (scripted: expert or random admissible step)
-    w.collect_tasks = 500  # env tasks rolled out to gather triples
-    w.rollouts_per_task = 3  # trajectories per task (the paper: ALFWorld 3, tau2 6)
-    w.collect_max_turns = 15  # env steps per collected trajectory
-    w.collect_temperature = 1.0  # sampling temperature of the collecting policy (the paper: 1.0)
-    w.explore_gold_prob = 0.5  # explorer: chance of the expert's next action instead of a random admissible one
-    w.heldout_share = 0.1  # share of the tasks whose triples are held out for world-model accuracy
-    w.history_window = 5  # (observation, action) steps shown before the current one (the first observation always)
-    w.max_obs_chars = 2000  # characters per observation in the prompt
-    w.reward = "embedding_facts"  # embedding (the paper's: distance only) | embedding_facts (and the facts match) | lines (templated states, e.g. rooms: the share of differing lines; worldmodel/line_reward.py) | judge_binary | judge_continuous (LLM-judge ablations)
-    w.embedder = "minilm"  # minilm (offline all-MiniLM-L6-v2) | qwen3 (Qwen3-Embedding on our port)
-    w.embedder_path = ""  # qwen3: a local Qwen3-Embedding HF dir; minilm: empty for the bundled model
-    w.embedder_batch = 64  # texts per embedding batch
-    w.judge_path = ""  # judge_*: a local HF chat model directory
-    w.tau_d = 0.14  # RL reward: 1 if 1 - cos < tau_d (paper, Qwen3-Embedding-8B: 0.2; calibrated for minilm)
-    w.export_dir = ""  # HF export for stage 2 (empty: out_dir/hf)
-    w.epochs = 2.0  # passes over the filtered training triples (the paper: 2); sets the steps (0: `steps` as given)
-    w.filter = ConfigDict()
-    w.filter.enabled = True  # the difficulty filter (off: the "w/o subsample" ablation)
-    w.filter.sft_share = 0.1  # share of the training triples the light predictor is fine-tuned on
-    w.filter.sft_steps = 50  # its SFT steps
-    w.filter.sft_batch = 32  # its triples per SFT step
-    w.filter.sft_lr = 1e-5  # its learning rate
-    w.filter.samples = 10  # K predictions per remaining triple
-    w.filter.tau_d = 0.07  # the filter's (stricter) threshold (paper: 0.1 with Qwen3-Embedding-8B)
-    w.filter.tau_easy = 0.8  # mean reward >= this: easy (the paper gives no value: "almost all K")
-    w.filter.p_keep_easy = 0.1  # chance an easy triple stays (the paper: 0.1)
-    return w
+from jaxscaffold import config  # noqa: E402
 
 
 def get_config():
@@ -87,7 +54,7 @@ def get_config():
     c.feedback.schedule = "none"
     c.eval.every = 10
     c.eval.tasks = 256  # held-out triples per evaluation
-    c.rwml = rwml_fields()
+    c.rwml = config.defaults(config.RWML)  # the section's declared defaults
     c.mesh.fsdp = -1
     # A memory knob only (the batch above is the paper's): waves of 64 rows (8 triples' answers);
     # the KV cache of all 256 rows x 8k slots is ~120 GB at 7B in bf16 (`launch/plan.py`).

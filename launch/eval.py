@@ -150,6 +150,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         base, rest, show_help = config_lib.from_command_line(sys.argv[1:] if argv is None else argv,
                                                              os.path.join(ROOT, "configs"))
+        if base is not None:
+            from jaxscaffold.train.config_checks import check
+            check(base)
     except config_lib.ConfigError as e:
         fail(str(e))
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

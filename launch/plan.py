@@ -32,6 +32,9 @@ def main(argv: list[str]) -> int:
     from jaxscaffold import config as config_lib
     try:
         cfg, rest, show_help = config_lib.from_command_line(argv, os.path.join(ROOT, "configs"))
+        if cfg is not None:
+            from jaxscaffold.train.config_checks import check
+            check(cfg)
     except config_lib.ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

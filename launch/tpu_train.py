@@ -1,9 +1,11 @@
 """Trains an agent: `python launch/tpu_train.py --config fee.py [--config.rl.lr=1e-6 ...]`.
 
 The same entry point on a laptop CPU, a GPU and a TPU pod: configs are found by name in
-`configs/` or by path; `--config.<field>=<value>` overrides a field (parsed as its type). The
-config is checked before anything is built (`jaxscaffold.config`): a bad field or value is one
-line naming it and what it allows, exit code 2 (bad input found once the run starts, e.g. an
+`configs/` or by path (`file.py:variant` picks a named variant); `--config.<field>=<value>`
+overrides a field (ml_collections' config flags, parsed as its type); `--help` lists every field
+as declared. The config is checked before anything is built (`jaxscaffold.config`, and
+`train.config_checks` for the names other modules define): a bad field or value is one line
+naming it and what it allows, exit code 2 (bad input found once the run starts, e.g. an
 unreadable task file or checkpoint, likewise). A run that stops because it cannot train (no
 episode trains, non-finite updates) or cannot save is one line naming the cause and the last
 checkpoint, exit code 1. Multi-host pods start JAX's multi-controller
@@ -20,15 +22,21 @@ sys.path.insert(0, ROOT)
 
 from jaxscaffold import config as config_lib  # noqa: E402
 
-USAGE = "usage: python launch/tpu_train.py --config NAME_OR_PATH [--config.FIELD=VALUE ...] [--help]"
+USAGE = "usage: python launch/tpu_train.py --config NAME_OR_PATH[:VARIANT] [--config.FIELD=VALUE ...] [--help]"
 def parse_args(argv: list[str]) -> config_lib.RunConfig:
     """`--config NAME [--config.a.b=v ...] [--help]` -> the checked config (ConfigError if bad)."""
     cfg, rest, show_help = config_lib.from_command_line(argv, os.path.join(ROOT, "configs"))
+    if cfg is not None:
+        from jaxscaffold.train.config_checks import check
+        check(cfg)  # the names other modules define (presets, envs, feedback forms...)
     if rest:
         raise config_lib.ConfigError(f"unexpected argument {rest[0]!r}; {USAGE}")
     if show_help:
-        print(__doc__ + "\n" + USAGE if cfg is None else f"{USAGE}\n\nThe fields (with the overrides given):\n"
-              f"{config_lib.describe(cfg, os.path.join(ROOT, 'configs'))}")
+        if cfg is None:
+            print(f"{__doc__}\n{USAGE}\n\nThe fields, at their declared defaults (--config NAME --help: its values):\n"
+                  f"{config_lib.describe(config_lib.from_configdict(config_lib.defaults()))}")
+        else:
+            print(f"{USAGE}\n\nThe fields (with the overrides given):\n{config_lib.describe(cfg)}")
         sys.exit(0)
     if cfg is None:
         raise config_lib.ConfigError(f"--config is required, e.g. --config tiny.py; {USAGE}")

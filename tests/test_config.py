@@ -14,6 +14,7 @@ from jaxscaffold.config import ConfigError
 from jaxscaffold.feedback import enrichers, randomization, schedule
 from jaxscaffold.models import config as model_configs
 from jaxscaffold.rl import presets
+from jaxscaffold.train import config_checks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(ROOT, "configs", "*.py")))
@@ -29,7 +30,7 @@ def rwml():
 
 
 def build(cd, *overrides):
-    return config_lib.from_configdict(config_lib.parse_overrides(cd, list(overrides)))
+    return config_checks.checked(config_lib.parse_overrides(cd, list(overrides)))
 
 
 # What a config file leaves for its user to fill in (its docstring says so).
@@ -229,3 +230,65 @@ def test_word_vocabulary_is_checked(overrides, match):
     with pytest.raises(ConfigError, match=match):
         build(base(), *overrides)
     assert build(base(), "model.vocabulary=rooms").model.vocabulary == "rooms"
+
+
+def test_config_imports_nothing_from_the_package():
+    """config.py is the bottom of the package: the names other modules define are checked by
+    those modules (train/config_checks), so every import of config.py is third-party or stdlib."""
+    import ast
+    with open(os.path.join(ROOT, "jaxscaffold", "config.py")) as f:
+        tree = ast.parse(f.read())
+    imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    imported += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert imported and not [m for m in imported if m == "jaxscaffold" or m.startswith("jaxscaffold.")], imported
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level], "relative import"
+
+
+def test_every_field_is_declared_once_with_a_description():
+    """base.py is the declarations' defaults; each leaf has a one-line description, and a
+    default of its type within its own choices and range (the declarations check themselves)."""
+    fields = config_lib.declarations()
+    assert len(fields) > 120
+    assert base().to_dict() == config_lib.defaults().to_dict()
+    assert rwml().rwml.to_dict() == config_lib.defaults(config_lib.RWML).to_dict()
+    for name, (hint, f) in fields.items():
+        assert f.metadata["help"].strip() and "\n" not in f.metadata["help"], name
+        assert isinstance(f.default, hint) and not (hint is int and isinstance(f.default, bool)), name
+        assert f.metadata["choices"] is None or f.default in f.metadata["choices"], name
+    assert config_lib.from_configdict(config_lib.defaults()).to_dict() == base().to_dict() | {"rwml": None}
+    # base.py declares nothing itself: a field is added in one place, config.py
+    with open(os.path.join(ROOT, "configs", "base.py")) as f:
+        text = f.read()
+    assert "c." not in text and "ConfigDict()" not in text
+
+
+def test_checks_of_names_are_the_subsystems_not_the_types():
+    """A name another module defines passes the typed config and is refused by config_checks."""
+    cd = config_lib.parse_overrides(base(), ["rl.algorithm=ppo"])
+    cfg = config_lib.from_configdict(cd)
+    with pytest.raises(ConfigError, match="config.rl.algorithm='ppo' is not one of"):
+        config_checks.check(cfg)
+
+
+@pytest.mark.parametrize("flag", ["--help", "--helpfull"])
+def test_the_help_shows_type_allowed_values_and_default_from_the_declarations(flag):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "tpu_train.py"), "--config", "pilot.py:ag_late",
+                          "--config.steps=3", flag], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "  --config.steps=3  # training steps (one rollout batch + its optimizer steps each) [int >= 1; default 200]" \
+        in out.stdout
+    assert "  --config.feedback.schedule='ag_late'  # " in out.stdout  # the variant's value
+    assert "[str: 'trajectory' | 'stepwise'; default 'trajectory']" in out.stdout
+    assert "  --config.rwml=None  # world-model RL" in out.stdout
+
+
+def test_the_command_line_parses_like_ml_collections_flags():
+    """`--config.FIELD VALUE` (space), a bare boolean flag, and a variant's config string."""
+    cd = config_lib.load_file(config_lib.config_path("pilot.py:oe_late", os.path.join(ROOT, "configs")))
+    assert cd.feedback.schedule == "oe_late"
+    cfg, rest, show_help = config_lib.from_command_line(
+        ["--config", "tiny", "--config.steps", "4", "--config.rollout.lockstep", "--other", "x"],
+        os.path.join(ROOT, "configs"))
+    assert (cfg.steps, cfg.rollout.lockstep, rest, show_help) == (4, True, ["--other", "x"], False)
+    with pytest.raises(ConfigError, match="need --config NAME_OR_PATH first"):
+        config_lib.from_command_line(["--config.steps=4"], os.path.join(ROOT, "configs"))

@@ -7,13 +7,14 @@ import pytest
 
 from jaxscaffold import config as config_lib
 from jaxscaffold.config import ConfigError
+from jaxscaffold.train import config_checks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def build(*overrides):
     cd = config_lib.load_file(os.path.join(ROOT, "configs", "base.py"))
-    return config_lib.from_configdict(config_lib.parse_overrides(cd, list(overrides)))
+    return config_checks.checked(config_lib.parse_overrides(cd, list(overrides)))
 
 
 @pytest.mark.parametrize("field", ["envs.train", "envs.eval"])

@@ -46,6 +46,7 @@ import time
 from typing import Callable, Mapping, Sequence
 
 from jaxscaffold import config as config_lib
+from jaxscaffold.train import config_checks
 
 log = logging.getLogger(__name__)
 RUN_FILE = "run.json"
@@ -165,7 +166,7 @@ def _checked(arm: str, stage: tuple[str, tuple[str, ...]], extra: list[str], con
     path, overrides = stage
     cd = config_lib.load_file(config_lib.config_path(path, configs_dir))
     try:
-        return config_lib.from_configdict(config_lib.parse_overrides(cd, [*overrides, *extra]))
+        return config_checks.checked(config_lib.parse_overrides(cd, [*overrides, *extra]))
     except config_lib.ConfigError as e:
         raise config_lib.ConfigError(f"arm {arm}: {e}") from None
 

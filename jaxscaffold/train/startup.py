@@ -19,7 +19,7 @@ import tempfile
 import jax
 
 from jaxscaffold.config import ConfigError, RunConfig
-from jaxscaffold.train import user_model
+from jaxscaffold.train import config_checks, user_model
 from jaxscaffold.train.tasks import catalogue, env_names, load_tasks, parse_task_spec
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -40,8 +40,9 @@ def configure_logging(verbose: bool) -> None:
 
 def preflight(cfg: RunConfig) -> None:
     """What the run needs that its config cannot show, checked before the model is built:
-    out_dir writable, `mesh.devices` available, the tokenizer loadable, the JSONL task files
+    the names other modules define, out_dir writable, `mesh.devices` available, the tokenizer loadable, the JSONL task files
     (and the rewards they name) readable. Raises ConfigError or TaskSourceError (one line)."""
+    config_checks.check(cfg)  # the names other modules define (the launchers checked them already)
     check_out_dir(cfg.out_dir)
     from jaxscaffold.models.sharding import maybe_initialize_distributed
     maybe_initialize_distributed()  # before the first device query, as build_job does

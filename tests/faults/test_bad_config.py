@@ -12,6 +12,7 @@ import pytest
 
 from jaxscaffold import config as config_lib
 from jaxscaffold.config import ConfigError
+from jaxscaffold.train import config_checks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = os.path.join(ROOT, "configs")
@@ -19,7 +20,7 @@ CONFIGS = os.path.join(ROOT, "configs")
 
 def build(*overrides, name="tiny.py"):
     cd = config_lib.load_file(os.path.join(CONFIGS, name))
-    return config_lib.from_configdict(config_lib.parse_overrides(cd, list(overrides)))
+    return config_checks.checked(config_lib.parse_overrides(cd, list(overrides)))
 
 
 @pytest.mark.parametrize("override", ["rl.lr=nan", "rl.lr=inf", "rl.grad_clip=nan", "rollout.temperature=nan",
@@ -45,7 +46,7 @@ def test_every_float_field_is_checked(config):
 
 def test_range_refuses_nan_directly():
     with pytest.raises(ConfigError):
-        config_lib._range("x", float("nan"), 0.0)
+        config_lib.check_range("x", float("nan"), 0.0)
 
 
 @pytest.mark.parametrize("override,message", [

@@ -7,6 +7,7 @@ import importlib.util
 import os
 
 from jaxscaffold import config as config_lib
+from jaxscaffold.train import config_checks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -30,6 +31,7 @@ def test_the_jsonl_example_config_is_the_demo_on_the_users_tasks():
     tiny = config_lib.typed(_config(os.path.join(ROOT, "configs", "tiny.py")))
     jsonl = config_lib.typed(_config(os.path.join(ROOT, "configs", "tiny_jsonl.py")))
     config_lib.validate(jsonl)
+    config_checks.check(jsonl)  # and the names other modules define
     assert jsonl.out_dir != tiny.out_dir
     assert jsonl.envs.train == jsonl.envs.eval == "jsonl:my_tasks.jsonl"
     assert jsonl.model == tiny.model and jsonl.rollout == tiny.rollout and jsonl.steps == tiny.steps

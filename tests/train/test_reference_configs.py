@@ -7,6 +7,7 @@ import os
 import pytest
 
 from jaxscaffold import config as config_lib
+from jaxscaffold.train import config_checks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -59,6 +60,7 @@ def _get(cfg, path):
 def test_reference_run_configs_validate_and_hold_the_references_values(name):
     cfg = config_lib.from_configdict(config_lib.load_file(os.path.join(ROOT, "configs", f"{name}.py")))
     config_lib.validate(cfg)
+    config_checks.check(cfg)  # and the names other modules define
     for path, want in EXPECTED[name].items():
         assert _get(cfg, path) == want, (name, path)
     if cfg.envs.train == "sciworld":
