@@ -314,6 +314,21 @@ def defaults(cls: type = RunConfig) -> ConfigDict:
     return cd
 
 
+def saved(d: Mapping, cls: type = RunConfig) -> ConfigDict:
+    """A config a run saved (a checkpoint's, `RunConfig.to_dict`'s form) as a ConfigDict over
+    the declared defaults: a field declared since the run was saved takes its default, so an
+    older checkpoint still evaluates and exports; its other fields are checked as any config's."""
+    base = {f.name: f for f in dataclasses.fields(cls)}
+    out = defaults(cls)
+    for key, value in dict(d).items():
+        sub = base[key].metadata.get("section") if key in base else None
+        if sub is not None and isinstance(value, Mapping):
+            out[key] = saved(value, sub)
+        else:
+            out[key] = value
+    return out
+
+
 def declarations(cls: type = RunConfig, prefix: str = "") -> dict[str, tuple[type, dataclasses.Field]]:
     """Every leaf field by dotted name: {"rl.lr": (float, its Field), ...} (sections walked)."""
     out = {}
@@ -359,8 +374,9 @@ def replace(cfg: RunConfig, **changes: Any) -> RunConfig:
 
 
 def from_dict(d: Mapping) -> RunConfig:
-    """`RunConfig.to_dict`'s inverse (e.g. a checkpoint's config), checked."""
-    return from_configdict(d)
+    """`RunConfig.to_dict`'s inverse (e.g. a checkpoint's config), checked; fields declared
+    since it was written take their defaults (`saved`)."""
+    return from_configdict(saved(d))
 
 
 def _build(cls, d: Mapping, path: str):

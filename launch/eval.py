@@ -104,13 +104,11 @@ def run_gold(tasks, workers: int) -> list[dict]:
 
 def checkpoint_config(args, overrides: list[str]):
     """A checkpoint's run config with the command line's `--config.` overrides applied."""
-    from ml_collections import ConfigDict
-
     from jaxscaffold import config as config_lib
     from jaxscaffold.train.checkpoint import Checkpointer, find_params
     directory, step = find_params(args.checkpoint)  # the newest full or params-only checkpoint
     ckpt = Checkpointer(directory, async_save=False)
-    saved = ConfigDict(ckpt.restore_extra(step)["config"])
+    saved = config_lib.saved(ckpt.restore_extra(step)["config"])
     return (ckpt, step), config_lib.from_configdict(config_lib.parse_overrides(saved, overrides))
 
 

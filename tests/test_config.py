@@ -292,3 +292,17 @@ def test_the_command_line_parses_like_ml_collections_flags():
     assert (cfg.steps, cfg.rollout.lockstep, rest, show_help) == (4, True, ["--other", "x"], False)
     with pytest.raises(ConfigError, match="need --config NAME_OR_PATH first"):
         config_lib.from_command_line(["--config.steps=4"], os.path.join(ROOT, "configs"))
+
+
+def test_a_saved_config_from_before_a_field_was_declared_still_reads():
+    """A checkpoint's config lacks the fields declared since it was saved: they take their
+    defaults (eval and export of older runs); its other values and checks stay as saved."""
+    from configs import tiny
+    saved = config_lib.from_configdict(tiny.get_config()).to_dict()
+    del saved["rl"]["mis"], saved["rollout"]["lockstep"]
+    saved["rl"]["lr"] = 3e-4
+    cfg = config_lib.from_configdict(config_lib.saved(saved))
+    assert cfg.rl.mis == "off" and cfg.rollout.lockstep is False and cfg.rl.lr == 3e-4
+    saved["rl"]["lrr"] = 1.0  # an unknown field is still refused
+    with pytest.raises(config_lib.ConfigError, match="did you mean lr"):
+        config_lib.from_configdict(config_lib.saved(saved))

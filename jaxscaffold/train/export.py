@@ -40,7 +40,7 @@ def _model_config(cfg):
 def saved_config(ckpt: Checkpointer, step: int) -> ConfigDict:
     """The run config a checkpoint step was saved with (one CheckpointCorrupt line if it does
     not read back: `Checkpointer.restore_extra`)."""
-    return ConfigDict(ckpt.restore_extra(step)["config"])
+    return config_lib.saved(ckpt.restore_extra(step)["config"])
 
 
 def export_checkpoint(checkpoint: str, out: str, *, step: int | None = None, dtype: str | None = None,
