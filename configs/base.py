@@ -64,6 +64,7 @@ def get_config() -> ConfigDict:
     c.rollout.history_window = 2  # stepwise: (observation, action) steps shown in each rebuilt prompt
     c.rollout.sampler_devices = 0  # devices a host samples on, tensor parallel (0: all of its devices of the training mesh; 1: one device, unsharded on one process)
     c.rollout.max_staleness = 0  # k > 0: a background collector samples up to k steps ahead of training (step t with the policy after step t - 1 - k); rows more than k versions old are dropped (0: on-policy, collect then train)
+    c.rollout.partial = False  # with max_staleness >= 1: episodes running when the trainer publishes a newer policy continue under it from the next decode chunk (each token keeps the version that sampled it; the KV cache of earlier tokens is kept); False: an episode is sampled by one version
     c.rollout.max_rows_in_flight = 0  # sampler rows at once: the step's groups in waves of whole groups (0: all at once; a memory knob, the KV cache scales with it)
     c.rollout.lockstep = False  # True: all episodes step together turn by turn (the reference); False: each episode advances on its own
     c.rollout.decode_chunk = 16  # asynchronous rollouts: tokens each ready row decodes before observations and new episodes join
