@@ -45,6 +45,7 @@ def get_config() -> ConfigDict:
     c.rl.mis = "off"  # masked importance sampling: off | token | sequence: mask tokens (or whole rows, geometric-mean ratio) whose ratio pi / pi_sampler leaves [mis_lo, mis_hi]
     c.rl.mis_lo = 0.5  # MIS: the lowest ratio kept
     c.rl.mis_hi = 2.0  # MIS: the highest ratio kept
+    c.rl.mis_denominator = "all"  # MIS: all (a masked token still counts in the aggregation's denominators: the step shrinks with what is masked) | kept (verl: masked tokens leave the counts; needs rl.recompute_old_logprobs)
     c.rl.dynamic_sampling_exhausted = "continue"  # DAPO after max_num_gen_batches: continue (train on the groups collected, as the reference) | raise
     c.rl.overlong_buffer = 0  # DAPO's overlong length penalty over the last this-many tokens of a turn's budget (DAPO paper: e.g. 512); 0: off, as the reference's DAPO
     c.rl.group_stats = "trajectory"  # step-wise rows: a group's mean/std counts each trajectory once ("trajectory") or every step row ("row": verl-agent, the reference)

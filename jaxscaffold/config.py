@@ -79,6 +79,7 @@ class RL:
     mis: Literal["off", "token", "sequence"] = "off"
     mis_lo: float = 0.5
     mis_hi: float = 2.0
+    mis_denominator: Literal["all", "kept"] = "all"  # masked tokens counted in the aggregation, or dropped (verl)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -544,6 +545,9 @@ def _check_update(r: RL) -> None:
     _range("rl.mis_lo", r.mis_lo, 0.0)
     if r.mis_hi <= r.mis_lo:
         raise ConfigError(f"config.rl.mis_hi={r.mis_hi} must exceed rl.mis_lo={r.mis_lo} (MIS keeps ratios in [lo, hi])")
+    if r.mis != "off" and r.mis_denominator == "kept" and not r.recompute_old_logprobs:
+        raise ConfigError("config.rl.mis_denominator='kept' counts the tokens MIS keeps before the update: it needs "
+                          "rl.recompute_old_logprobs=True")
 
 
 def _check_run_ux(cfg: RunConfig) -> None:
