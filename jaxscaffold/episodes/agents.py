@@ -20,6 +20,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
+import time
 from typing import Mapping, Protocol, Sequence
 
 import jax
@@ -113,7 +114,7 @@ class ModelAgent:
             params, self.version = refresh_params()
         self.params = sampler.prepare(params)  # once per version: the layout the sampler decodes with
         self.seed, self.train_step, self.episode_ids = seed, train_step, episode_ids
-        self.swaps = 0  # versions swapped in mid-call (partial rollouts)
+        self.swaps, self.swap_s = 0, 0.0  # versions swapped in mid-call (partial rollouts), their seconds
         self.capacity = sampler.batch_size
         self.mt = MultiTurn(sampler)
         self.slot_of: dict[int, int] = {}  # episode -> its sampler slot
@@ -165,10 +166,12 @@ class ModelAgent:
         if self.refresh_params is not None:  # the swap point of partial rollouts
             params, version = self.refresh_params()
             if version != self.version:
+                t0 = time.perf_counter()
                 self.params, self.version = self.sampler.prepare(params), version
-                self.swaps += 1
                 if self.reprefill:
                     self.mt.reprefill(self.params, list(self.mt.conversations))
+                jax.block_until_ready((self.params, self.mt.state))
+                self.swaps, self.swap_s = self.swaps + 1, self.swap_s + time.perf_counter() - t0
         episode_of = {self.slot_of[i]: i for i in turns}
         ended = self.mt.decode(self.params, {self.slot_of[i]: (self.cfg.max_new_tokens, self._row_seed(i, t))
                                              for i, t in turns.items()}, chunk=chunk)
