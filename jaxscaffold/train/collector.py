@@ -129,15 +129,15 @@ class AheadCollector:
     def _newest(self, version: int, params):
         """Partial rollouts' `refresh_params` for a collect that starts with `version`: the
         newest published version (`version` until a newer one comes), as the sampler takes it."""
-        ready = {version: sampler_params(params, self.job.sampler)}  # one conversion per version
+        ready: dict[int, Any] = {}  # one conversion per version, the current one only
 
         def refresh():
             with self._cond:
                 latest = self._latest
-            newest = version if latest is None or latest[0] <= version else latest[0]
+            newest, source = (version, params) if latest is None or latest[0] <= version else latest
             if newest not in ready:
                 ready.clear()
-                ready[newest] = sampler_params(latest[1], self.job.sampler)
+                ready[newest] = sampler_params(source, self.job.sampler)
             return ready[newest], newest
 
         return refresh
