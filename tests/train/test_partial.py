@@ -30,6 +30,7 @@ from jaxscaffold.rollout.engine import Sampler
 from jaxscaffold.rollout.sampling import SamplingConfig
 from jaxscaffold.train.collector import AheadCollector, staleness_filter, version_stats
 from jaxscaffold.train.trainer import train
+from jaxscaffold.train.workloads.env_rl import EnvWorkload
 from tests.train.configs import tiny_config
 
 CONFIG = model_config.tiny()
@@ -190,20 +191,43 @@ def test_partial_needs_staleness_the_async_driver_and_a_chunked_workload(tmp_pat
         AheadCollector(Unchunked(), _job(), {}, version=0, first_step=1, last_step=2, max_staleness=1)
 
 
-@pytest.mark.slow  # ~90 s: a 3-step run
-def test_a_partial_run_trains_with_per_token_versions_within_the_bound(tmp_path):
+class SwapsInStep2(EnvWorkload):
+    """The env workload whose step 2 (sampled by version 0 while step 1 trains) waits, at its
+    agent's third ask (built, then before two chunks), for the trainer's version 1: the swap
+    lands mid-collect, at a fixed point, instead of wherever timing puts it."""
+
+    def collect(self, job, params, step, refresh_params=None):
+        if step == 2 and refresh_params is not None:
+            asks, inner = [0], refresh_params
+
+            def refresh_params():
+                asks[0] += 1
+                out, deadline = inner(), time.monotonic() + 300
+                while asks[0] >= 3 and out[1] == 0 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    out = inner()
+                return out
+
+        return super().collect(job, params, step, refresh_params=refresh_params)
+
+
+@pytest.mark.slow  # ~100 s: a 3-step run
+def test_a_partial_run_trains_rows_of_mixed_versions_within_the_bound(tmp_path):
     """fee_async's settings (staleness 1, the trainer's old log-probs, token MIS) with partial
-    rollouts, 3 steps: whether a swap lands mid-episode depends on timing; whatever happened,
-    every token is at most one version old and counted once."""
+    rollouts, 3 steps, step 2's swap placed mid-collect: its rows mix versions 0 and 1, count as
+    one version old (their oldest token) and train; every token is counted once."""
     run = {"eval.every": 0, "checkpoint.every": 3, "rollout.max_staleness": 1, "rollout.partial": True,
-           "rl.recompute_old_logprobs": True, "rl.mis": "token"}
-    h = train(tiny_config(tmp_path, steps=3, **run))["history"]
+           "rl.recompute_old_logprobs": True, "rl.mis": "token", "rollout.decode_chunk": 4}
+    h = train(tiny_config(tmp_path, steps=3, **run), workload=SwapsInStep2)["history"]
     rows = 8  # tiny_config: 2 tasks x 4 rollouts
     for x in h:
         assert np.isfinite(x["train/loss"]) and x["rollout/stale_dropped_rows"] == 0
         assert x["rollout/staleness_0"] + x["rollout/staleness_1"] == rows
         assert not any(k.startswith("rollout/token_staleness_") and k[-1] not in "01" for k in x)
         assert 0 <= x["rollout/mixed_version_rows"] <= x["rollout/staleness_1"]  # a mixed row is as old as its oldest
-        assert x["rollout/token_staleness_0"] + x["rollout/token_staleness_1"] > 0
         assert "train/is_ratio_max" in x and 0 <= x["train/mis_masked"] <= 1
     assert h[0]["rollout/token_staleness_1"] == 0 and h[0]["rollout/mixed_version_rows"] == 0  # nothing older yet
+    step2 = h[1]
+    assert step2["rollout/mixed_version_rows"] > 0  # the swap came mid-episode
+    assert step2["rollout/token_staleness_0"] > 0 and step2["rollout/token_staleness_1"] > 0
+    assert step2["rollout/staleness_1"] == rows  # every row holds tokens of version 0
