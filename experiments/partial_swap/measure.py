@@ -31,7 +31,8 @@ from jaxscaffold.envs import registry
 from jaxscaffold.envs.local import LocalEnvs
 from jaxscaffold.episodes.agents import ModelAgent, RolloutConfig
 from jaxscaffold.episodes.driver import run_episodes
-from jaxscaffold.models import config as model_config, qwen3
+from jaxscaffold.models import config as model_config
+from jaxscaffold.models import qwen3
 from jaxscaffold.models.tokenizer import QwenOfflineTokenizer
 from jaxscaffold.rl.logprobs import token_logprobs
 from jaxscaffold.rollout.engine import Sampler
@@ -67,7 +68,7 @@ def measure(rows: int = 8, max_new_tokens: int = 24, chunk: int = 8, turns: int 
                           sampling=SamplingConfig(temperature=1.0))
         asks = [0]
 
-        def refresh():
+        def refresh(asks=asks):
             asks[0] += 1  # once when built, then once before each chunk
             return (old, 0) if asks[0] <= swap_chunk else (new, 1)
 

@@ -22,7 +22,8 @@ from jaxscaffold.envs.local import LocalEnvs
 from jaxscaffold.episodes.agents import ModelAgent, RolloutConfig
 from jaxscaffold.episodes.driver import run_episodes
 from jaxscaffold.episodes.episode import Episode
-from jaxscaffold.models import config as model_config, qwen3
+from jaxscaffold.models import config as model_config
+from jaxscaffold.models import qwen3
 from jaxscaffold.models.tokenizer import QwenOfflineTokenizer
 from jaxscaffold.rl.logprobs import token_logprobs
 from jaxscaffold.rollout.conversation import Conversation
@@ -157,7 +158,7 @@ def _job(partial=True):
 
 def test_the_collector_hands_a_version_published_mid_collect_to_the_running_step():
     work = WaitingWork()
-    params = lambda v: {"w": jnp.full((2,), float(v))}  # noqa: E731
+    params = lambda v: {"w": jnp.full((2,), float(v))}
     collector = AheadCollector(work, _job(), params(0), version=0, first_step=1, last_step=3, max_staleness=1)
     try:
         episodes, stats, version, _ = collector.next(1)
