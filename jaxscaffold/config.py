@@ -96,6 +96,7 @@ class RL:
     mis: str = field("off", "masked importance sampling: mask tokens (or whole rows, geometric-mean ratio) whose ratio pi / pi_sampler leaves [mis_lo, mis_hi]", choices=("off", "token", "sequence"))
     mis_lo: float = field(0.5, "MIS: the lowest ratio kept", ge=0.0)
     mis_hi: float = field(2.0, "MIS: the highest ratio kept")
+    mis_denominator: str = field("all", "MIS: all (a masked token still counts in the aggregation's denominators: the step shrinks with what is masked) | kept (verl: masked tokens leave the counts; needs rl.recompute_old_logprobs)", choices=("all", "kept"))
     dynamic_sampling_exhausted: str = field("continue", "DAPO after max_num_gen_batches: continue (train on the groups collected, as the reference) | raise", choices=("continue", "raise"))
     overlong_buffer: int = field(0, "DAPO's overlong length penalty over the last this-many tokens of a turn's budget (DAPO paper: e.g. 512); 0: off, as the reference's DAPO", ge=0)
     group_stats: str = field("trajectory", "step-wise rows: a group's mean/std counts each trajectory once (\"trajectory\") or every step row (\"row\": verl-agent, the reference)", choices=("trajectory", "row"))
@@ -117,6 +118,7 @@ class Rollout:
     history_window: int = field(2, "stepwise: (observation, action) steps shown in each rebuilt prompt", ge=0)
     sampler_devices: int = field(0, "devices a host samples on, tensor parallel (0: all of its devices of the training mesh; 1: one device, unsharded on one process)", ge=0)
     max_staleness: int = field(0, "k > 0: a background collector samples up to k steps ahead of training (step t with the policy after step t - 1 - k); rows more than k versions old are dropped (0: on-policy, collect then train)", ge=0)
+    partial: bool = field(False, "with max_staleness >= 1: episodes running when the trainer publishes a newer policy continue under it from the next decode chunk (each token keeps the version that sampled it; the KV cache of earlier tokens is kept); False: an episode is sampled by one version")
     max_rows_in_flight: int = field(0, "sampler rows at once: the step's groups in waves of whole groups (0: all at once; a memory knob, the KV cache scales with it)", ge=0)
     lockstep: bool = field(False, "True: all episodes step together turn by turn (the reference); False: each episode advances on its own")
     decode_chunk: int = field(16, "asynchronous rollouts: tokens each ready row decodes before observations and new episodes join", ge=1)
@@ -444,6 +446,9 @@ def validate(cfg: RunConfig) -> None:
     _check_env_kwargs(cfg.envs.env_kwargs)
     _check_update(cfg.rl)
     c = cfg.rollout
+    if c.partial and (c.max_staleness < 1 or c.lockstep):
+        raise ConfigError(f"config.rollout.partial needs rollout.max_staleness >= 1 (got {c.max_staleness}) and "
+                          f"the asynchronous driver (rollout.lockstep=False): weights change between decode chunks")
     if 0 < c.max_rows_in_flight < c.group_size:
         raise ConfigError(f"config.rollout.max_rows_in_flight={c.max_rows_in_flight} must be 0 (all rows at once) "
                           f"or at least rollout.group_size={c.group_size} (a wave holds whole groups)")
@@ -486,6 +491,9 @@ def _check_update(r: RL) -> None:
                           "rl.recompute_old_logprobs=True")
     if r.mis_hi <= r.mis_lo:
         raise ConfigError(f"config.rl.mis_hi={r.mis_hi} must exceed rl.mis_lo={r.mis_lo} (MIS keeps ratios in [lo, hi])")
+    if r.mis != "off" and r.mis_denominator == "kept" and not r.recompute_old_logprobs:
+        raise ConfigError("config.rl.mis_denominator='kept' counts the tokens MIS keeps before the update: it needs "
+                          "rl.recompute_old_logprobs=True")
 
 
 def _check_run_ux(cfg: RunConfig) -> None:
