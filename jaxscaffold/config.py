@@ -376,9 +376,9 @@ def replace(cfg: RunConfig, **changes: Any) -> RunConfig:
 
 
 def from_dict(d: Mapping) -> RunConfig:
-    """`RunConfig.to_dict`'s inverse (e.g. a checkpoint's config), checked; fields declared
-    since it was written take their defaults (`saved`)."""
-    return from_configdict(saved(d))
+    """`RunConfig.to_dict`'s inverse, checked: every field must be there (a checkpoint's
+    config, written before fields were declared since, reads through `saved`)."""
+    return from_configdict(d)
 
 
 def _build(cls, d: Mapping, path: str):

@@ -113,7 +113,7 @@ def test_export_and_params_only_fields_are_validated(tmp_path):
             config_lib.typed(tiny_config(tmp_path, **{field: bad}))
     old = config_lib.typed(tiny_config(tmp_path)).to_dict()  # a config written before the fields
     del old["export"], old["checkpoint"]["params_only_every"], old["checkpoint"]["params_only_keep"]
-    cfg = config_lib.from_dict(old)
+    cfg = config_lib.from_configdict(config_lib.saved(old))  # as eval and export read a checkpoint's
     assert cfg.export.at_end is False and cfg.checkpoint.params_only_every == 0
 
 
