@@ -5,7 +5,7 @@ from ml_collections import ConfigDict
 
 def get_config() -> ConfigDict:
     c = ConfigDict()
-    c.job = "rl"  # rl (task RL on environments: FEE, the baseline, RWML's stage 2) | rwml (world-model RL, configs/rwml.py)
+    c.job = "rl"  # rl (task RL on environments: FEE, the baseline, RWML's stage 2) | rwml (world-model RL, configs/rwml.py) | sft (gold demonstrations, configs/sft.py)
     c.seed = 0  # run seed: task order, sampling keys, feedback decisions (restart-safe)
     c.out_dir = "runs/default"  # logs (tensorboard, metrics.jsonl), checkpoints, curves.png
     c.steps = 200  # training steps (one rollout batch + its optimizer steps each)

@@ -252,7 +252,7 @@ class RWML:
 class RunConfig:
     """One run: what `launch/tpu_train.py` and `jaxscaffold.train` execute."""
 
-    job: Literal["rl", "rwml"]
+    job: Literal["rl", "rwml", "sft"]
     seed: int
     out_dir: str
     steps: int
