@@ -58,7 +58,7 @@ def main(argv: list[str]) -> None:
     from jaxscaffold.train.startup import configure_logging
     configure_logging(cfg.logging.verbose)  # before the libraries load: third-party INFO only when asked
     from jaxscaffold.train.failures import RunFailed
-    from jaxscaffold.train.trainer import train  # the workload of cfg.job (rl, rwml, sft)
+    from jaxscaffold.train.trainer import train  # runs the workload of cfg.job
     try:
         result = train(cfg)
     except user_errors() as e:  # bad input found once the run starts: one line, no traceback

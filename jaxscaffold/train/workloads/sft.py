@@ -20,10 +20,10 @@ import numpy as np
 
 from jaxscaffold import seeds
 from jaxscaffold.envs.base import Observation, Task
+from jaxscaffold.envs.prompts import system_prompt
 from jaxscaffold.episodes.agents import GoldAgent
 from jaxscaffold.episodes.driver import run_episodes
 from jaxscaffold.episodes.episode import Episode
-from jaxscaffold.envs.prompts import system_prompt
 from jaxscaffold.models.chat import Qwen3ChatRenderer
 from jaxscaffold.models.sharding import shard_batch
 from jaxscaffold.rl.train_step import make_sft_step

@@ -435,7 +435,8 @@ class WorldModelSFT(WorldModelWorkload):
         return episodes, dict(self.data.stats) if step in (1, self.last_step) else {}
 
     def train_on(self, job: Job, state, episodes: list[Episode]):
-        return sft_update(self.sft_step, job, state, [e.conversation for e in episodes])
+        state, metrics = sft_update(self.sft_step, job, state, [e.conversation for e in episodes])
+        return state, {**metrics, "train/lr": job.cfg.rl.lr}  # constant: no warmup in this baseline
 
     def get_state(self) -> dict:
         return {"sft_rng": self.rng.bit_generator.state}
