@@ -70,7 +70,10 @@ def main(argv: list[str]) -> None:
     hist = result["history"]
     if hist:
         last = hist[-1]
-        print(f"\n[done] step {last['step']}; last train reward {last.get('rollout/reward', float('nan')):.3f}; "
+        # RL reports the train reward, SFT (no rollouts) its loss
+        trained = (f"last train reward {last['rollout/reward']:.3f}" if "rollout/reward" in last
+                   else f"last train loss {last.get('train/loss', float('nan')):.3f}")
+        print(f"\n[done] step {last['step']}; {trained}; "
               f"curves in {os.path.join(cfg.out_dir, 'curves.png')}, eval peaks and finals in "
               f"{os.path.join(cfg.out_dir, 'results.json')}")
 
