@@ -278,7 +278,7 @@ class RWML:
 class RunConfig:
     """One run: what `launch/tpu_train.py` and `jaxscaffold.train` execute."""
 
-    job: str = field("rl", "rl (task RL on environments: FEE, the baseline, RWML's stage 2) | rwml (world-model RL, configs/rwml.py)", choices=("rl", "rwml"))
+    job: str = field("rl", "rl (task RL on environments: FEE, the baseline, RWML's stage 2) | rwml (world-model RL, configs/rwml.py) | sft (gold demonstrations, configs/sft.py)", choices=("rl", "rwml", "sft"))
     seed: int = field(0, "run seed: task order, sampling keys, feedback decisions (restart-safe)")
     out_dir: str = field("runs/default", "logs (tensorboard, metrics.jsonl), checkpoints, curves.png")
     steps: int = field(200, "training steps (one rollout batch + its optimizer steps each)", ge=1)

@@ -65,15 +65,9 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     from jaxscaffold.train.startup import configure_logging
     configure_logging(cfg.logging.verbose)  # before the libraries load: third-party INFO only when asked
-    if cfg.job == "rl":  # task RL on environments (FEE, the standard baseline, RWML's stage 2)
-        from jaxscaffold.train.trainer import train
-    else:  # world-model RL (RWML's stage 1)
-        from jaxscaffold.train.workloads.world_model import train_world_model as train
     from jaxscaffold.train.failures import RunFailed
+    from jaxscaffold.train.trainer import train  # runs the workload of cfg.job
     try:
-        if cfg.job != "rl":  # (the task-RL trainer runs these checks itself)
-            from jaxscaffold.train.startup import preflight
-            preflight(cfg)  # an unwritable out_dir, a broken tokenizer...: one line before the model is built
         result = train(cfg)
     except user_errors() as e:  # bad input found once the run starts: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
@@ -84,7 +78,10 @@ def main(argv: list[str]) -> None:
     hist = result["history"]
     if hist:
         last = hist[-1]
-        print(f"\n[done] step {last['step']}; last train reward {last.get('rollout/reward', float('nan')):.3f}; "
+        # RL reports the train reward, SFT (no rollouts) its loss
+        trained = (f"last train reward {last['rollout/reward']:.3f}" if "rollout/reward" in last
+                   else f"last train loss {last.get('train/loss', float('nan')):.3f}")
+        print(f"\n[done] step {last['step']}; {trained}; "
               f"curves in {os.path.join(cfg.out_dir, 'curves.png')}, eval peaks and finals in "
               f"{os.path.join(cfg.out_dir, 'results.json')}")
 

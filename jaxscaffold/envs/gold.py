@@ -19,6 +19,7 @@ class GoldPolicy:
 
     def __init__(self, env: str, first: Observation):
         self.env, self.k = env, 0
+        self.first_item = first.privileged.get("item") or {}  # a JSONL task's line
         self.plan = list(first.privileged.get("gold_actions", []))
         if env in ("sciworld", "alfworld") and not self.plan:
             raise ValueError(f"{env}: the reset observation carries no gold_actions")
@@ -30,6 +31,9 @@ class GoldPolicy:
             return "Done."  # a text reply ends the turn
         if self.env == "letters":
             return "e" * 32
+        if self.env == "jsonl":  # the line's "answer" (its first, when it lists several)
+            answer = (obs.privileged.get("item") or self.first_item).get("answer", "")
+            return str(answer[0] if isinstance(answer, list) and answer else answer)
         if self.env == "tau2":
             return self._tau2(obs)
         action = self.plan[self.k] if self.k < len(self.plan) else "look around"

@@ -26,8 +26,8 @@ cores pay off, up to one per episode in flight; CPU-bound envs gain nothing past
 
 Workers are ``spawn``-ed processes, each the leader of its own process group (so the JVMs or
 other children an env starts die with it). Inside a worker, env instances are created lazily
-from `ENV_FACTORIES` (env name -> ``"module:attribute"`` import path, resolved in the worker;
-adapters plug in by adding an entry, or per pool with ``factories=``), one instance per
+from the registry's specs (env name -> ``"module:Class"`` import path, `registry.import_paths`,
+resolved in the worker; per pool, ``factories=`` adds or overrides entries), one instance per
 episode slot, reused across resets.
 
 Failures. An `EpisodeFailure` is an infrastructure failure (never a reward): the caller
@@ -66,25 +66,12 @@ import traceback
 import weakref
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from jaxscaffold.envs import registry
 from jaxscaffold.envs.base import EpisodeFailure, Observation, StepResult, Task
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ENV_FACTORIES", "EnvPool"]
-
-#: env name -> "module:attribute" of a constructor taking keyword arguments (``env_kwargs``).
-#: Taken from `jaxscaffold.envs.registry.ENVS` when that module is there (one source of truth).
-ENV_FACTORIES: dict[str, str] = {
-    "sciworld": "jaxscaffold.envs.sciworld:ScienceWorldEnv",
-    "bfcl": "jaxscaffold.envs.bfcl:BFCLEnv",
-    "alfworld": "jaxscaffold.envs.alfworld:ALFWorldEnv",
-}
-try:  # the registry imports no env module itself, so this stays cheap
-    from jaxscaffold.envs.registry import ENVS as _REGISTRY
-
-    ENV_FACTORIES.update({name: f"{entry[0]}:{entry[2]}" for name, entry in _REGISTRY.items()})
-except Exception:  # pragma: no cover - registry absent or shaped differently
-    pass
+__all__ = ["EnvPool"]
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -289,7 +276,7 @@ class EnvPool:
         (per episode: the clock restarts at each episode the worker answers).
       reset_timeout_s: the same for `reset` (first resets start JVMs: allow more).
       env_kwargs: env name -> keyword arguments of its constructor.
-      factories: extra or overriding `ENV_FACTORIES` entries (import path or picklable
+      factories: extra or overriding entries of the registry's import paths (import path or picklable
         callable).
       close_timeout_s: how long `close` waits for workers to close their envs before killing.
     """
@@ -305,7 +292,7 @@ class EnvPool:
         self.step_timeout_s = float(step_timeout_s)
         self.reset_timeout_s = float(reset_timeout_s)
         self.close_timeout_s = float(close_timeout_s)
-        self._factories = {**ENV_FACTORIES, **(factories or {})}
+        self._factories = {**registry.import_paths(), **(factories or {})}
         self._env_kwargs = {k: dict(v) for k, v in (env_kwargs or {}).items()}
         self._ctx = mp.get_context("spawn")
         self._workers: list[_Worker] = []

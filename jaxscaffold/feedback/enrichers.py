@@ -8,9 +8,59 @@ Reference-code forms reproduce the FEE code's text; paper forms follow the paper
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Mapping, Sequence
 
 from jaxscaffold.envs.base import Observation
+
+Form = Callable[[Observation, Sequence[str]], str]
+KINDS = ("ag", "oe")
+UNITS = ("action", "user_turn", "every")  # what a schedule window counts (`feedback.units`)
+
+
+@dataclasses.dataclass(frozen=True)
+class FeedbackSpec:
+    """Feedback's side of one environment, registered under the env's name (the env's own
+    `envs.registry.EnvSpec` knows nothing of it).
+
+    forms      kind ("ag" / "oe") -> form name -> `form(observation, actions_so_far) -> text the
+               agent sees` (reading the observation's privileged state); the first form of a
+               kind is the env's default
+    units      kind -> what its schedule windows count (`feedback.units`; default "action")
+    env_hooks  constructor keyword -> "module:attribute" the env resolves in its own process:
+               rules that must run where the env's state lives (`env_kwargs`)
+    """
+
+    forms: Mapping[str, Mapping[str, Form]]
+    units: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    env_hooks: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+# env name -> its FeedbackSpec; each env's forms below register theirs (`register_feedback`).
+FEEDBACK: dict[str, FeedbackSpec] = {}
+
+
+def register_feedback(env: str, spec: FeedbackSpec) -> None:
+    """Adds (or replaces) environment `env`'s feedback (from outside the package too)."""
+    for kind, forms in spec.forms.items():
+        if kind not in KINDS:
+            raise ValueError(f"{env}: feedback kind must be 'ag' or 'oe', got {kind!r}")
+        if not forms or not all(callable(f) for f in forms.values()):
+            raise ValueError(f"{env} {kind}: forms must map names to callables")
+    for kind, unit in spec.units.items():
+        if kind not in KINDS or unit not in UNITS:
+            raise ValueError(f"{env}: unit {kind!r} -> {unit!r}; kinds {KINDS}, units {UNITS}")
+    FEEDBACK[env] = FeedbackSpec({k: dict(f) for k, f in spec.forms.items()}, dict(spec.units), dict(spec.env_hooks))
+
+
+def register_forms(env: str, kind: str, forms: Mapping[str, Form]) -> None:
+    """Adds feedback forms of one kind ("ag" or "oe") to environment `env`'s feedback, keeping
+    its other kind, units and hooks: `forms` name -> `form(observation, actions_so_far) -> text`.
+    The first form is the env's default."""
+    if kind not in KINDS:
+        raise ValueError(f"feedback kind must be 'ag' or 'oe', got {kind!r}")
+    old = FEEDBACK.get(env, FeedbackSpec({}))
+    register_feedback(env, dataclasses.replace(old, forms={**old.forms, kind: forms}))
 
 CAUTION = "[Caution!] Start with the following action to start your exploration!"
 
@@ -66,6 +116,14 @@ def sciworld_oe_reference(obs: Observation, actions: Sequence[str]) -> str:
     return f"{obs.text}\n[Hint]Considering The current goal progress is {obs.privileged.get('goal_progress', '')}."
 
 
+# The AG guide follows the episode where the simulator is, so that its hints are valid actions
+# of the current state (computed only on the steps the episode's plan asks for).
+register_feedback("sciworld", FeedbackSpec(
+    forms={"ag": {"reference": sciworld_ag_reference, "paper": sciworld_ag_paper},
+           "oe": {"checklist": sciworld_oe_checklist, "reference": sciworld_oe_reference}},
+    env_hooks={"ag_guide": "jaxscaffold.feedback.sciworld_ag:GoldGuide"}))
+
+
 # ----------------------------------------------------------------------------- ALFWorld
 
 
@@ -78,6 +136,9 @@ def alfworld_oe(obs: Observation, actions: Sequence[str]) -> str:
     goals = obs.privileged.get("goal_progress") or []
     items = [(g["name"], g["done"]) for g in goals]
     return f"{obs.text}\n[Task progress]\n{checklist(items)}" if items else obs.text
+
+
+register_feedback("alfworld", FeedbackSpec(forms={"ag": {"paper": alfworld_ag}, "oe": {"checklist": alfworld_oe}}))
 
 
 # ----------------------------------------------------------------------------- BFCL
@@ -121,6 +182,13 @@ def bfcl_oe(obs: Observation, actions: Sequence[str]) -> str:
     return p.get("oe_text", obs.text)
 
 
+# AG on the user query of turns 0-2, OE on every tool result of the episode (`feedback.units`);
+# the OE rules run inside the env, right after each call, where the backend instances live.
+register_feedback("bfcl", FeedbackSpec(
+    forms={"ag": {"reference": bfcl_ag}, "oe": {"reference": bfcl_oe}}, units={"ag": "user_turn", "oe": "every"},
+    env_hooks={"oe_transform": "jaxscaffold.feedback.bfcl_oe:enrich_result"}))
+
+
 # ----------------------------------------------------------------------------- tau2
 
 
@@ -136,30 +204,24 @@ def tau2_oe(obs: Observation, actions: Sequence[str]) -> str:
     return f"{obs.text}\n[Current DB state]\n" + "\n".join(lines) if lines else obs.text
 
 
-Form = Callable[[Observation, Sequence[str]], str]
-FORMS: dict[tuple[str, str], dict[str, Form]] = {
-    ("sciworld", "ag"): {"reference": sciworld_ag_reference, "paper": sciworld_ag_paper},
-    ("sciworld", "oe"): {"checklist": sciworld_oe_checklist, "reference": sciworld_oe_reference},
-    ("alfworld", "ag"): {"paper": alfworld_ag},
-    ("alfworld", "oe"): {"checklist": alfworld_oe},
-    ("bfcl", "ag"): {"reference": bfcl_ag},
-    ("bfcl", "oe"): {"reference": bfcl_oe},
-    ("tau2", "oe"): {"db_state": tau2_oe},
-}
+register_feedback("tau2", FeedbackSpec(forms={"oe": {"db_state": tau2_oe}}))
+
+
 DEFAULT_FORMS = {"ag": "paper", "oe": "checklist"}
 
 
 def form_names(kind: str) -> list[str]:
     """Every form of feedback `kind` some env has (what `feedback.{kind}_form` may name; an env
     without the chosen form uses its own first one)."""
-    return sorted({form for (_, k), forms in FORMS.items() if k == kind for form in forms})
+    return sorted({form for spec in FEEDBACK.values() for form in spec.forms.get(kind, {})})
 
 
 def enricher(env: str, forms: dict[str, str] | None = None) -> Callable | None:
     """`(kind, observation, episode_step, actions) -> text` for an environment, or None
     when it has no enrichers (feedback then never applies to it)."""
     forms = {**DEFAULT_FORMS, **(forms or {})}
-    table = {kind: FORMS.get((env, kind), {}) for kind in ("ag", "oe")}
+    spec = FEEDBACK.get(env, FeedbackSpec({}))
+    table = {kind: spec.forms.get(kind, {}) for kind in KINDS}
     if not any(table.values()):
         return None
 
@@ -173,30 +235,12 @@ def enricher(env: str, forms: dict[str, str] | None = None) -> Callable | None:
     return enrich
 
 
-# Env constructor kwargs an enricher needs inside the env: its rules must run where the env's
-# state lives (BFCL: right after each call, in the env's worker process).
-# ScienceWorld: the AG guide follows the episode where the simulator is, so that its hints are
-# valid actions of the current state (computed only on the steps the episode's plan asks for).
-ENV_HOOKS: dict[str, dict] = {"bfcl": {"oe_transform": "jaxscaffold.feedback.bfcl_oe:enrich_result"},
-                              "sciworld": {"ag_guide": "jaxscaffold.feedback.sciworld_ag:GoldGuide"}}
-
-
 def env_kwargs(kwargs: Mapping[str, Mapping] | None = None) -> dict[str, dict]:
-    """Env name -> constructor kwargs: the enrichers' `ENV_HOOKS` under the given ones (which
-    win, e.g. `{"bfcl": {"oe_transform": None}}` turns BFCL's OE computation off)."""
+    """Env name -> constructor kwargs: the feedback specs' `env_hooks` under the given ones
+    (which win, e.g. `{"bfcl": {"oe_transform": None}}` turns BFCL's OE computation off)."""
     kwargs = kwargs or {}
-    return {name: {**ENV_HOOKS.get(name, {}), **dict(kwargs.get(name, {}))} for name in {*ENV_HOOKS, *kwargs}}
-
-
-def register_forms(env: str, kind: str, forms: Mapping[str, Form]) -> None:
-    """Adds feedback forms for an environment from outside the package: `kind` "ag" or "oe",
-    `forms` name -> `form(observation, actions_so_far) -> text the agent sees` (reading the
-    observation's privileged state). The first form is the env's default."""
-    if kind not in ("ag", "oe"):
-        raise ValueError(f"feedback kind must be 'ag' or 'oe', got {kind!r}")
-    if not forms or not all(callable(f) for f in forms.values()):
-        raise ValueError(f"{env} {kind}: forms must map names to callables")
-    FORMS[(env, kind)] = dict(forms)
+    hooks = {name: dict(spec.env_hooks) for name, spec in FEEDBACK.items() if spec.env_hooks}
+    return {name: {**hooks.get(name, {}), **dict(kwargs.get(name, {}))} for name in {*hooks, *kwargs}}
 
 
 def jsonl_hint(obs: Observation, actions: Sequence[str]) -> str:
@@ -205,7 +249,7 @@ def jsonl_hint(obs: Observation, actions: Sequence[str]) -> str:
     return f"{obs.text}\nHint: {hint}" if isinstance(hint, str) and hint.strip() else obs.text
 
 
-register_forms("jsonl", "ag", {"hint": jsonl_hint})
+register_feedback("jsonl", FeedbackSpec(forms={"ag": {"hint": jsonl_hint}}))
 
 
 def rooms_ag(obs: Observation, actions: Sequence[str]) -> str:
@@ -220,5 +264,4 @@ def rooms_oe(obs: Observation, actions: Sequence[str]) -> str:
     return f"{obs.text}\n[Task progress]\n{checklist(items)}" if items else obs.text
 
 
-register_forms("rooms", "ag", {"paper": rooms_ag})
-register_forms("rooms", "oe", {"checklist": rooms_oe})
+register_feedback("rooms", FeedbackSpec(forms={"ag": {"paper": rooms_ag}, "oe": {"checklist": rooms_oe}}))

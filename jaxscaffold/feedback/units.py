@@ -8,20 +8,20 @@ A window's bounds (`schedule.Window.episode_steps`) are positions in a unit:
              training steps hold (BFCL OE: the reference enriches every tool result, and the
              gold replay, for the whole episode in its OE phase)
 The paper's "steps 1-3 / 6-10" are ScienceWorld's pilot windows; for BFCL the paper, like the
-code, puts AG on the user query and OE on the tool outputs.
+code, puts AG on the user query and OE on the tool outputs. Each env declares its units in its
+feedback spec (`enrichers.FeedbackSpec.units`).
 """
 
 from __future__ import annotations
 
 from jaxscaffold.envs.base import Observation
-
-UNITS = ("action", "user_turn", "every")
-ENV_UNITS: dict[tuple[str, str], str] = {("bfcl", "ag"): "user_turn", ("bfcl", "oe"): "every"}
+from jaxscaffold.feedback.enrichers import FEEDBACK, UNITS  # noqa: F401  (UNITS: the units' names)
 
 
 def unit(env: str, kind: str) -> str:
-    """The unit `kind`'s windows count in `env`."""
-    return ENV_UNITS.get((env, kind), "action")
+    """The unit `kind`'s windows count in `env` (its feedback spec's; "action" by default)."""
+    spec = FEEDBACK.get(env)
+    return spec.units.get(kind, "action") if spec is not None else "action"
 
 
 def position(env: str, kind: str, obs: Observation, episode_step: int) -> int | None:

@@ -209,11 +209,8 @@ def finished(study: Study, arm: str, seed: int) -> dict | None:
 
 
 def default_train(cfg: config_lib.RunConfig) -> list[dict]:
-    """Trains one run as the launcher does (task RL, or world-model RL) and returns its history."""
-    if cfg.job == "rl":
-        from jaxscaffold.train.trainer import train
-    else:
-        from jaxscaffold.train.workloads.world_model import train_world_model as train
+    """Trains one run as the launcher does (the workload of its job) and returns its history."""
+    from jaxscaffold.train.trainer import train
     return train(cfg)["history"]
 
 

@@ -59,8 +59,7 @@ def make_envs(cfg: RunConfig, names: Iterable[str]) -> EnvBatch:
 
 
 def _envs(cfg: RunConfig, names: set[str], kwargs: dict) -> EnvBatch:
-    if cfg.envs.num_workers > 0:  # the workers build envs by import path: registered ones too
-        factories = {n: registry.import_path(n) for n in registry.ENVS}
+    if cfg.envs.num_workers > 0:  # the workers build envs by the registry's import paths: registered ones too
         return EnvPool(cfg.envs.num_workers, step_timeout_s=cfg.envs.step_timeout_s,
-                       reset_timeout_s=cfg.envs.reset_timeout_s, env_kwargs=kwargs, factories=factories)
+                       reset_timeout_s=cfg.envs.reset_timeout_s, env_kwargs=kwargs)
     return LocalEnvs({n: registry.factory(n, **kwargs.get(n, {})) for n in names})

@@ -6,9 +6,11 @@
   -> every eval.every steps (and at step 0): workload.evaluate -> logs, results.json
   -> every checkpoint.every steps: a checkpoint (every checkpoint.params_only_every: the
      parameters alone, in out_dir/params)
-  -> at the end, with export.at_end: the HF export of the final parameters
+  -> at the end, with export.at_end: the HF export of the final parameters (and a workload's
+     hand-off export: RWML's stage 1 for stage 2)
 
-`train(cfg)` runs (or resumes) a whole job from a config (see `configs/`).
+`train(cfg)` runs (or resumes) a whole job from a config (see `configs/`): the workload of
+`cfg.job` (`workloads.base.WORKLOADS`: rl, rwml, wm_sft, sft).
 """
 
 from __future__ import annotations
@@ -34,13 +36,12 @@ from jaxscaffold.train.logger import MetricLogger
 from jaxscaffold.train.multihost import allgather_json
 from jaxscaffold.train.results import running_peaks, write_results
 from jaxscaffold.train.update import train_on
-from jaxscaffold.train.workloads.base import WorkloadFactory
-from jaxscaffold.train.workloads.env_rl import EnvWorkload
+from jaxscaffold.train.workloads.base import WorkloadFactory, workload_for
 
 log = logging.getLogger(__name__)
 
 
-def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
+def train(cfg, workload: WorkloadFactory | None = None) -> dict[str, Any]:
     """Runs (or resumes) the job described by `cfg`; returns the final metrics and history.
 
     Multi-host: every process runs `train(cfg)` (JAX's multi-controller runtime starts from the
@@ -48,15 +49,18 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     feeds its rows of the global batch; process 0 writes the logs.
 
     `workload(job, initial_params)` builds what a step collects and how the model is evaluated
-    (default: task RL on environments), a `workloads.base.Workload`.
+    (default: the one `cfg.job` names, `workloads.base.workload_for`), a `workloads.base.Workload`.
     """
     cfg = config_lib.typed(cfg)
     startup.configure_logging(cfg.logging.verbose)
     changes = resume.check_resume(cfg)  # before the model is built: a refused change costs nothing
     startup.preflight(cfg)  # likewise an unwritable out_dir, a broken tokenizer or task file
     memory_check.check_fits(cfg)  # likewise a run that cannot fit its devices
+    workload = workload or workload_for(cfg)
     job, state = build_job(cfg)
     work = workload(job, job.policy_params(state.params))
+    update = work.train_on if hasattr(work, "train_on") else train_on  # SFT workloads: their own step
+    hand_off = work.hand_off_dir() if hasattr(work, "hand_off_dir") else None
     out = cfg.out_dir
     os.makedirs(out, exist_ok=True)
     ckpt = Checkpointer(os.path.join(out, "checkpoints"), keep=cfg.checkpoint.keep, cleanup_partial=True)
@@ -101,10 +105,10 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
                 episodes, stats = _collected(collector, step, cfg.rollout.max_staleness)
             t1 = time.perf_counter()
             policy = None  # LoRA's merged copy is not held through the update
-            state, train_metrics = train_on(job, state, episodes)
+            state, train_metrics = update(job, state, episodes)
             if collector is not None:
                 collector.publish(job.policy_params(state.params), step)
-            train_metrics["train/lr"] = float(lr_at(max(int(state.step) - 1, 0)))  # the step's last update's
+            train_metrics.setdefault("train/lr", float(lr_at(max(int(state.step) - 1, 0))))  # the step's last update's
             t2 = time.perf_counter()
             tokens = sum(allgather_json(sum(len(e.conversation) for e in episodes)))
             metrics = {"step": step, **stats, **train_metrics,
@@ -147,6 +151,9 @@ def train(cfg, workload: WorkloadFactory = EnvWorkload) -> dict[str, Any]:
     result = {"history": history, "state": state}
     if cfg.export.at_end and jax.process_index() == 0:
         result["export"] = export_at_end(cfg, steps)
+    if hand_off and jax.process_index() == 0:
+        result["export"] = export_checkpoint(cfg.out_dir, hand_off)
+        log.info("exported the final checkpoint to %s for the next stage", hand_off)
     return result
 
 

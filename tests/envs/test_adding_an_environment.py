@@ -1,6 +1,7 @@
 """docs/environments.md's "Adding an environment", run as written: its files in a fresh directory, its
-commands through the launcher (shortened to a couple of steps), and the JSONL env against
-rewards computed by hand."""
+commands through the launcher (shortened to a couple of steps), the own env as one file plus one
+registration that the registry, the pool and feedback read, and the JSONL env against rewards
+computed by hand."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import sys
 
 import pytest
 
-from jaxscaffold.envs import jsonl, registry
+from jaxscaffold.envs import jsonl, prompts, registry
 from jaxscaffold.envs.base import EnvError
+from jaxscaffold.envs.pool import EnvPool
+from jaxscaffold.feedback import enrichers, units
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUICK = ["--config.steps=2", "--config.eval.every=2", "--config.eval.tasks=2", "--config.eval.max_len=0",
@@ -56,6 +59,40 @@ def test_the_readme_section_has_its_files_and_commands():
     assert len(commands) == 2 and all("launch/tpu_train.py" in c for c in commands)
     # each example trains in an out_dir of its own, so it runs after the demo (runs/tiny)
     assert "--config.out_dir=runs/my_tasks" in commands[0] and 'c.out_dir = "runs/countdown"' in files["countdown_config.py"]
+
+
+def test_the_own_env_is_one_file_and_one_registration(workdir, monkeypatch):
+    """The env's file declares its EnvSpec; the config's one `register` makes the registry, the
+    pool (which builds envs from the spec's import path) and feedback know it."""
+    files, _ = files_and_commands(readme_section())
+    assert "EnvSpec(" in files["countdown.py"] and "feedback" not in files["countdown.py"]  # envs know no feedback
+    assert files["countdown_config.py"].count("registry.register(") == 1
+    monkeypatch.syspath_prepend(str(workdir))
+    monkeypatch.chdir(workdir)
+    saved = {id(t): dict(t) for t in (registry.ENVS, prompts.SYSTEM_PROMPTS, enrichers.FEEDBACK)}
+    try:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("countdown_config", workdir / "countdown_config.py")
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        assert registry.spec("countdown").import_path == "countdown:CountdownEnv"
+        assert prompts.system_prompt("countdown") == "You are a player. Answer with one word."
+        registry.check_split("countdown", "test")
+        with pytest.raises(ValueError, match="countdown has no split 'dev'; splits: train, test"):
+            registry.check_split("countdown", "dev")
+        tasks = registry.catalogue("countdown", "train")
+        assert [t.spec["start"] for t in tasks] == [3, 4, 5, 6, 7, 8]
+        assert units.unit("countdown", "ag") == "action"
+        enrich = enrichers.enricher("countdown")
+        with EnvPool(1) as pool:  # a spawned worker: it imports the env by the spec's path
+            first = pool.reset(tasks[:1])[0]
+            assert enrich("ag", first, 0, []) == first.text + "\nHint: say down"
+            out = pool.step({0: "down"})[0]
+        assert out.observation.text == "The counter is 2." and not out.done
+    finally:
+        for t in (registry.ENVS, prompts.SYSTEM_PROMPTS, enrichers.FEEDBACK):
+            t.clear()
+            t.update(saved[id(t)])
+        sys.modules.pop("countdown", None)
 
 
 @pytest.mark.slow

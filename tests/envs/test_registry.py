@@ -1,4 +1,5 @@
-"""The registry's split table (read without importing an env) agrees with each env's own."""
+"""The registry's specs (read without importing an env) agree with each env's own splits, and a
+split is checked from the spec alone."""
 
 import importlib
 
@@ -9,25 +10,27 @@ from jaxscaffold.envs import registry
 
 @pytest.mark.parametrize("name", sorted(registry.ENVS))
 def test_split_table_matches_the_env_module(name):
-    module = importlib.import_module(registry.ENVS[name][0])
+    spec = registry.ENVS[name]
+    module = importlib.import_module(spec.module)
+    assert callable(getattr(module, spec.catalogue)) and isinstance(getattr(module, spec.env_class), type)
     if name == "sciworld":
         own = module.LEVEL_SPLITS["L0"]  # the default level of `catalogue`
-        assert registry.SCIWORLD_LEVEL_SPLITS == module.LEVEL_SPLITS
+        assert registry.SCIWORLD_LEVEL_SPLITS == module.LEVEL_SPLITS == dict(spec.split_groups)
     elif name == "alfworld":
         own = (*module.SPLITS, *module.SPLIT_ALIASES)
     elif name == "letters":
         own = ("train", "test")
     elif name == "jsonl":  # a split is a path to a .jsonl file
-        assert name not in registry.SPLITS
+        assert spec.splits is None
         registry.check_split(name, "data/my_tasks.jsonl")
         with pytest.raises(ValueError, match="a path to a .jsonl file"):
             registry.check_split(name, "train")
         return
     else:
         own = module.SPLITS
-    assert tuple(registry.SPLITS[name]) == tuple(own)
+    assert tuple(spec.splits) == tuple(own)
     if name == "tau2":
-        assert registry.TAU2_DOMAINS == module.DOMAINS
+        assert registry.TAU2_DOMAINS == module.DOMAINS == tuple(spec.split_groups)
 
 
 def test_check_split():

@@ -45,7 +45,8 @@ def register(monkeypatch=None) -> None:
     """Makes `coin` a known environment with an AG and an OE enricher: test-scoped through
     pytest's `monkeypatch`, or for the whole process (a worker subprocess) without it."""
     setitem = monkeypatch.setitem if monkeypatch is not None else (lambda d, k, v: d.__setitem__(k, v))
-    setitem(registry.ENVS, NAME, (__name__, "catalogue", "CoinEnv", None))
+    setitem(registry.ENVS, NAME, registry.EnvSpec(NAME, __name__, "CoinEnv"))
     setitem(prompts.SYSTEM_PROMPTS, NAME, "You are a player. Answer with text only.")
-    setitem(enrichers.FORMS, (NAME, "ag"), {"paper": lambda obs, actions: obs.text + "\n[AG] say hi"})
-    setitem(enrichers.FORMS, (NAME, "oe"), {"checklist": lambda obs, actions: obs.text + "\n[OE] 1/3"})
+    setitem(enrichers.FEEDBACK, NAME, enrichers.FeedbackSpec(forms={
+        "ag": {"paper": lambda obs, actions: obs.text + "\n[AG] say hi"},
+        "oe": {"checklist": lambda obs, actions: obs.text + "\n[OE] 1/3"}}))

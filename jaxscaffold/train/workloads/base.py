@@ -1,4 +1,5 @@
-"""The protocol every workload follows; the trainer (`train.trainer.train`) sees only this."""
+"""The protocol every workload follows, and the registry the trainer chooses one from by
+`cfg.job`; the trainer (`train.trainer.train`) sees only this."""
 
 from __future__ import annotations
 
@@ -30,10 +31,49 @@ class Workload(Protocol):
     def close(self) -> None:
         """Releases what the workload holds (environment workers)."""
 
-    # Optional: `total_steps(configured: int) -> int`, the run's length when the workload
-    # derives it from its data (RWML's epochs over the filtered triples); else `cfg.steps`.
-    # Optional: `partial_rollouts = True` with `collect(job, params, step, refresh_params=None)`:
-    # its agents take newer weights between decode chunks (`rollout.partial`, `train.collector`).
+    # Optional, where a workload needs them (the trainer checks with hasattr):
+    # - `total_steps(configured: int) -> int`: the run's length when the workload derives it
+    #   from its data (RWML's epochs over the filtered triples); else `cfg.steps`.
+    # - `train_on(job, state, episodes) -> (state, train_metrics)`: the update of a step when
+    #   it is not the RL one (`train.update.train_on`): SFT's cross-entropy step.
+    # - `hand_off_dir() -> str`: where the final parameters are exported (HF) at the end of
+    #   the run, for the stage that follows (RWML's stage 1 -> stage 2).
+    # - `partial_rollouts = True` with `collect(job, params, step, refresh_params=None)`: its
+    #   agents take newer weights between decode chunks (`rollout.partial`, `train.collector`).
 
 
 WorkloadFactory = Callable[[Job, Any], Workload]
+
+# job name -> its workload; each workload module registers its own (`register_workload`).
+WORKLOADS: dict[str, WorkloadFactory] = {}
+
+
+def register_workload(name: str) -> Callable[[WorkloadFactory], WorkloadFactory]:
+    """Class decorator: `name`'s runs (`workload_name(cfg)`) use this workload."""
+    def add(factory: WorkloadFactory) -> WorkloadFactory:
+        WORKLOADS[name] = factory
+        return factory
+    return add
+
+
+def workload_name(cfg) -> str:
+    """The workload a config runs: `cfg.job` (rl, rwml, sft), and for RWML's stage 1 with
+    `rwml.objective = "sft"` the WM-SFT baseline, "wm_sft"."""
+    if cfg.job == "rwml" and cfg.rwml is not None and cfg.rwml.objective == "sft":
+        return "wm_sft"
+    return cfg.job
+
+
+def registered() -> dict[str, WorkloadFactory]:
+    """Every registered workload by name, the built-in ones (rl, rwml, wm_sft, sft) included."""
+    # The built-in workloads register themselves when their modules are imported.
+    from jaxscaffold.train.workloads import env_rl, sft, world_model  # noqa: F401
+    return dict(WORKLOADS)
+
+
+def workload_for(cfg) -> WorkloadFactory:
+    """The registered workload of `cfg` (see `workload_name`)."""
+    name, known = workload_name(cfg), registered()
+    if name not in known:
+        raise ValueError(f"no workload {name!r} (config.job); registered: {', '.join(sorted(known))}")
+    return known[name]

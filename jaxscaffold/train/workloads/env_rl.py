@@ -29,6 +29,7 @@ from jaxscaffold.train.logger import StepLog
 from jaxscaffold.train.metrics import episode_summaries, informative_share, summary_metrics
 from jaxscaffold.train.multihost import allgather_json, process_share, sampler_params
 from jaxscaffold.train.waves import groups_per_wave, waves
+from jaxscaffold.train.workloads.base import register_workload
 from jaxscaffold.train.tasks import TaskStream, describe_tasks, env_names, load_eval_tasks, load_tasks
 
 
@@ -50,6 +51,7 @@ def _groups_of(episodes: list[Episode]) -> dict[int, list[Episode]]:
     return groups
 
 
+@register_workload("rl")
 class EnvWorkload:
     """Task RL on environments: what a step collects (rollouts with the feedback schedule) and
     how it is evaluated (greedy, held-out tasks, the standard env).
@@ -105,10 +107,44 @@ class EnvWorkload:
         to train on; the metrics, the feedback log and the bandit see every process's.
 
         `refresh_params` (partial rollouts): the agents' source of newer weights (`ModelAgent`)."""
+        schedule = self.schedule_at(step)
+        kept, generated, kept_summaries, stats = self._fill_batch(job, sampler_params(params, job.sampler), step,
+                                                                  schedule, refresh_params)
+        stats.update(self._record(step, schedule, generated, kept_summaries))
+        return kept, stats
+
+    def _generation_batch(self, job: Job, params, step: int, schedule, batch_index: int, groups: list[int],
+                          share: int, timings: Timings, refresh_params=None) -> list[Episode]:
+        """One generation batch: the stream's next `tasks_per_step` tasks (taken on every
+        process: streams stay equal), this process's `groups` of them run by the driver, each
+        group's episodes numbered apart from other generation batches'."""
         cfg, c = job.cfg, job.cfg.rollout
         rcfg = rollout_config(c, c.max_turns)
-        schedule = self.schedule_at(step)
-        params = sampler_params(params, job.sampler)
+        tasks = self.stream.take(c.tasks_per_step)
+        run_seed = seeds.derive(cfg.seed, "rollout", batch_index)
+        feedback = Feedback(schedule, self.enrichers, mode=cfg.feedback.mode, run_seed=run_seed,
+                            train_step=step, num_groups=len(tasks))
+        episodes = []
+        # Asynchronous: the whole batch at once, episodes taking the sampler's slots as they
+        # free; lock step: in waves of whole groups that fit the slots (rollout.max_rows_in_flight).
+        for wave in waves(groups, groups_per_wave(c, share) if c.lockstep else max(1, len(groups))):
+            flat = [tasks[g] for g in wave for _ in range(c.group_size)]
+            wave_groups = [g for g in wave for _ in range(c.group_size)]
+            episode_ids = [g * c.group_size + r for g in wave for r in range(c.group_size)]
+            agent = ModelAgent(params, job.sampler, job.tokenizer, rcfg, seed=run_seed, train_step=step,
+                               episode_ids=episode_ids, refresh_params=refresh_params)
+            episodes += run_episodes(agent, self.envs, flat, wave_groups, max_turns=rcfg.max_turns, feedback=feedback,
+                                     timings=timings, lockstep=c.lockstep, decode_chunk=c.decode_chunk)
+        for e in episodes:  # groups of different generation batches stay apart
+            e.group += batch_index * c.tasks_per_step
+        return episodes
+
+    def _fill_batch(self, job: Job, params, step: int, schedule,
+                    refresh_params=None) -> tuple[list[Episode], list[dict], list[dict], dict]:
+        """Generation batches until DAPO's batch is full (one without dynamic sampling): this
+        process's episodes to train on, the summaries of every process's generated and kept
+        episodes, and the generation metrics."""
+        cfg, c = job.cfg, job.cfg.rollout
         share = process_share(c.tasks_per_step)
         dynamic = dapo.DynamicSampler(len(share), None) if job.algo.dynamic_sampling else None
         limit = job.algo.max_num_gen_batches if dynamic else 1
@@ -116,24 +152,9 @@ class EnvWorkload:
         batches, exhausted = 0, False
         timings = Timings()  # every generation batch's driver calls
         for batch_index in itertools.count() if limit is None or limit <= 0 else range(limit):
-            tasks = self.stream.take(c.tasks_per_step)  # every process takes them: streams stay equal
             mine = [] if dynamic is not None and dynamic.full() else list(share)
-            run_seed = seeds.derive(cfg.seed, "rollout", batch_index)
-            feedback = Feedback(schedule, self.enrichers, mode=cfg.feedback.mode, run_seed=run_seed,
-                                train_step=step, num_groups=len(tasks))
-            episodes = []
-            # Asynchronous: the whole batch at once, episodes taking the sampler's slots as they
-            # free; lock step: in waves of whole groups that fit the slots (rollout.max_rows_in_flight).
-            for wave in waves(mine, groups_per_wave(c, len(share)) if c.lockstep else max(1, len(mine))):
-                flat = [tasks[g] for g in wave for _ in range(c.group_size)]
-                groups = [g for g in wave for _ in range(c.group_size)]
-                episode_ids = [g * c.group_size + r for g in wave for r in range(c.group_size)]
-                agent = ModelAgent(params, job.sampler, job.tokenizer, rcfg, seed=run_seed, train_step=step,
-                                   episode_ids=episode_ids, refresh_params=refresh_params)
-                episodes += run_episodes(agent, self.envs, flat, groups, max_turns=rcfg.max_turns, feedback=feedback,
-                                         timings=timings, lockstep=c.lockstep, decode_chunk=c.decode_chunk)
-            for e in episodes:  # groups of different generation batches stay apart
-                e.group += batch_index * c.tasks_per_step
+            episodes = self._generation_batch(job, params, step, schedule, batch_index, mine, len(share), timings,
+                                              refresh_params)
             batches += 1
             if dynamic is not None and episodes:
                 # Informative groups (`rl.advantages.informative`) on binary success (`won`), the
@@ -156,18 +177,22 @@ class EnvWorkload:
         stats = {"rollout/generation_batches": float(batches),
                  "rollout/informative_groups": informative_share(generated), **timings.stats()}
         if dynamic is None:
-            kept, kept_summaries = episodes, generated
-        else:
-            stats["rollout/dynamic_sampling_exhausted"] = float(exhausted)
-            taken = dynamic.take(partial=exhausted)
-            kept = [e for eps in taken.payloads for e in eps]
-            parts = allgather_json({"kept": episode_summaries(kept), "dropped": taken.num_dropped,
-                                    "overflow": taken.num_overflow})
-            kept_summaries = [s for part in parts for s in part["kept"]]
-            stats["rollout/dropped_groups"] = float(sum(part["dropped"] for part in parts))
-            stats["rollout/overflow_groups"] = float(sum(part["overflow"] for part in parts))
-            stats["rollout/trained_groups"] = float(len({e["group"] for e in kept_summaries}))
-        stats.update(summary_metrics(kept_summaries, "rollout"))
+            return episodes, generated, generated, stats
+        stats["rollout/dynamic_sampling_exhausted"] = float(exhausted)
+        taken = dynamic.take(partial=exhausted)
+        kept = [e for eps in taken.payloads for e in eps]
+        parts = allgather_json({"kept": episode_summaries(kept), "dropped": taken.num_dropped,
+                                "overflow": taken.num_overflow})
+        kept_summaries = [s for part in parts for s in part["kept"]]
+        stats["rollout/dropped_groups"] = float(sum(part["dropped"] for part in parts))
+        stats["rollout/overflow_groups"] = float(sum(part["overflow"] for part in parts))
+        stats["rollout/trained_groups"] = float(len({e["group"] for e in kept_summaries}))
+        return kept, generated, kept_summaries, stats
+
+    def _record(self, step: int, schedule, generated: list[dict], kept_summaries: list[dict]) -> dict:
+        """The kept episodes' rollout metrics, the bandit's update on every generated group and
+        the step's enrichments appended to the feedback log."""
+        stats = summary_metrics(kept_summaries, "rollout")
         if self.bandit is not None:
             stats.update(self._learn_schedule(schedule.name, generated))
         kept_groups = {e["group"] for e in kept_summaries}
@@ -175,7 +200,7 @@ class EnvWorkload:
             {"step": step, "group": e["group"], "rollout": e["rollout"], "task": e["task"], "env": e["env"],
              "episode_step": s, "kind": k, "schedule": schedule.name, "kept": e["group"] in kept_groups}
             for e in generated for s, k in e["feedback"]])
-        return kept, stats
+        return stats
 
     def _learn_schedule(self, arm: str, generated: list[dict]) -> dict:
         """Updates the bandit with the step's learning signal (of every generated group, also

@@ -5,10 +5,10 @@
   mostly dropped) -> GRPO on `<next_state>` answers rewarded by embedding distance (d < tau_d),
   KL to the initial policy -> evaluation: world-model accuracy on held-out triples -> HF export.
 
-Stage 2 is ordinary task RL (`jaxscaffold.train.trainer.train`) from the exported checkpoint
-(`configs/rwml_policy.py`). `train_world_model(cfg)` runs stage 1; the WM-SFT baseline
-(`rwml.objective = "sft"`, `train_wm_sft`) fits the same triples with token-level
-cross-entropy instead.
+The trainer runs stage 1 (`job = "rwml"`: `WorldModelWorkload`) and exports its final
+parameters to `rwml.export_dir` (default out_dir/hf); stage 2 is ordinary task RL from that
+export (`configs/rwml_policy.py`). The WM-SFT baseline (`rwml.objective = "sft"`:
+`WorldModelSFT`) fits the same triples with token-level cross-entropy instead.
 """
 
 from __future__ import annotations
@@ -17,35 +17,31 @@ import dataclasses
 import logging
 import math
 import os
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxscaffold import config as config_lib
 from jaxscaffold import seeds
 from jaxscaffold.envs.base import Task
 from jaxscaffold.episodes.agents import ExplorerAgent, ModelAgent, RolloutConfig
 from jaxscaffold.episodes.driver import complete, run_episodes
 from jaxscaffold.episodes.episode import Episode
 from jaxscaffold.models.chat import Qwen3ChatRenderer
-from jaxscaffold.models.sharding import shard_batch
 from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_sft_step
 from jaxscaffold.rollout.conversation import Conversation
 from jaxscaffold.rollout.engine import Sampler
 from jaxscaffold.rollout.sampling import GREEDY, SamplingConfig
-from jaxscaffold.train.batching import build_batch
-from jaxscaffold.train.checkpoint import Checkpointer
 from jaxscaffold.train.envs import make_envs
 from jaxscaffold.train.evaluation import breakdown
-from jaxscaffold.train.export import export_checkpoint
-from jaxscaffold.train.job import Job, build_job
+from jaxscaffold.train.job import Job
 from jaxscaffold.train.logger import MetricLogger
 from jaxscaffold.train.metrics import rollout_metrics
 from jaxscaffold.train.multihost import allgather_json, process_share, sampler_params
 from jaxscaffold.train.tasks import TaskStream, env_names, load_tasks
-from jaxscaffold.train.trainer import train
+from jaxscaffold.train.workloads.base import register_workload
+from jaxscaffold.train.workloads.sft import sft_update, single_process
 from jaxscaffold.worldmodel import difficulty, line_reward, reward as reward_lib, task as task_lib, triples as triples_lib
 from jaxscaffold.worldmodel.embedders import make_embedder
 from jaxscaffold.worldmodel.triples import Triple
@@ -216,8 +212,9 @@ def prepare_data(job: Job, params, reward_fn) -> WorldModelData:
 def sft_on(job: Job, params, triples: Sequence[Triple], *, steps: int, batch_size: int, lr: float,
            seed: int, logger: MetricLogger | None = None, prefix: str = "sft"):
     """`steps` SFT steps on the real next states of `triples` (batches drawn with replacement
-    after a shuffle); returns the new parameters (the input ones are left untouched)."""
-    opt = OptimizerConfig(lr=lr, weight_decay=0.0, grad_clip=job.cfg.rl.grad_clip)
+    after a shuffle); returns the new parameters (the input ones are left untouched). The
+    difficulty filter's light predictor (a run's own SFT is the `WorldModelSFT` workload)."""
+    opt = _sft_optimizer(job.cfg, lr)
     step_fn = make_sft_step(job.model_config, opt, num_micro_batches=job.cfg.rl.micro_batches, mesh=job.mesh)
     state = init_train_state(jax.tree.map(jnp.copy, params), opt.make())  # the step donates its state
     chat = Qwen3ChatRenderer(job.tokenizer)
@@ -225,16 +222,15 @@ def sft_on(job: Job, params, triples: Sequence[Triple], *, steps: int, batch_siz
     rng = np.random.default_rng(seed)
     for s in range(steps):
         picked = [triples[i] for i in rng.integers(len(triples), size=batch_size)]
-        convs = []
-        for t in picked:
-            convs.append(answered_conversation(chat, t, pcfg))
-        batch = build_batch(convs, np.zeros(len(convs)), row_multiple=job.row_multiple)
-        if job.mesh is not None:
-            batch = shard_batch(batch, job.mesh)
-        state, m = step_fn(state, batch)
+        state, m = sft_update(step_fn, job, state, [answered_conversation(chat, t, pcfg) for t in picked], prefix)
         if logger is not None:
-            logger.log(s + 1, {f"{prefix}/{k}": float(v) for k, v in jax.device_get(m).items()})
+            logger.log(s + 1, m)
     return state.params
+
+
+def _sft_optimizer(cfg, lr: float) -> OptimizerConfig:
+    """World-model SFT's optimizer: AdamW at `lr` without weight decay, the run's clipping."""
+    return OptimizerConfig(lr=lr, weight_decay=0.0, grad_clip=cfg.rl.grad_clip)
 
 
 def sample_answers(job: Job, params, triples: Sequence[Triple], *, samples: int, seed: int,
@@ -331,8 +327,9 @@ def _task_of(t: Triple) -> Task:
     return Task(env="worldmodel", task_id=t.key()[:16], split="train", spec={"env": t.env}, category=t.category)
 
 
+@register_workload("rwml")
 class WorldModelWorkload:
-    """What `trainer.train` runs in stage 1: each step, `tasks_per_step` triples x `group_size`
+    """What the trainer runs in RWML's stage 1: each step, `tasks_per_step` triples x `group_size`
     sampled answers, rewarded by the embedding distance (tau_d = rwml.tau_d); evaluation:
     greedy answers on the held-out triples."""
 
@@ -345,6 +342,7 @@ class WorldModelWorkload:
         self.chat = Qwen3ChatRenderer(job.tokenizer)
         self.reported = False
         self.epochs, self.batch = job.cfg.rwml.epochs, job.cfg.rollout.tasks_per_step
+        self.export_dir = job.cfg.rwml.export_dir or os.path.join(job.cfg.out_dir, "hf")
 
     def collect(self, job: Job, params, step: int) -> tuple[list[Episode], dict]:
         """This process's share of the step's triples (all of them on one process), each with
@@ -397,6 +395,10 @@ class WorldModelWorkload:
         """`rwml.epochs` passes over the filtered training triples (`configured` when 0)."""
         return configured if self.epochs <= 0 else epoch_steps(len(self.data.train), self.batch, self.epochs)
 
+    def hand_off_dir(self) -> str:
+        """Where the trainer exports the final world model for stage 2 (`rwml.export_dir`)."""
+        return self.export_dir
+
     def get_state(self) -> dict:
         return {"data": self.stream.get_state()}
 
@@ -405,6 +407,42 @@ class WorldModelWorkload:
 
     def close(self) -> None:
         pass
+
+
+@register_workload("wm_sft")
+class WorldModelSFT(WorldModelWorkload):
+    """The WM-SFT baseline (`rwml.objective = "sft"`): no rollouts, no RL step. Each step
+    `tasks_per_step` training triples (drawn with replacement, seeded once for the run) answered
+    with their real next state, fitted with token-level cross-entropy (AdamW at `rl.lr`, no weight
+    decay); evaluation and the hand-off export as RWML's."""
+
+    def __init__(self, job: Job, params):
+        super().__init__(job, params)
+        single_process("the WM-SFT baseline")
+        self.rng = np.random.default_rng(seeds.derive(job.cfg.seed, "sft"))
+        self.pcfg = prompt_config(job.cfg)
+        self.sft_step = make_sft_step(job.model_config, _sft_optimizer(job.cfg, job.cfg.rl.lr),
+                                      num_micro_batches=job.cfg.rl.micro_batches, mesh=job.mesh)
+        self.last_step = self.total_steps(job.cfg.steps)
+
+    def collect(self, job: Job, params, step: int) -> tuple[list[Episode], dict]:
+        """The step's triples as answered conversations; the data set's figures in the first
+        and the last step's metrics."""
+        train = self.data.train
+        picked = [train[i] for i in self.rng.integers(len(train), size=self.batch)]
+        episodes = [Episode(_task_of(t), g, answered_conversation(self.chat, t, self.pcfg), steps=1, done=True)
+                    for g, t in enumerate(picked)]
+        return episodes, dict(self.data.stats) if step in (1, self.last_step) else {}
+
+    def train_on(self, job: Job, state, episodes: list[Episode]):
+        state, metrics = sft_update(self.sft_step, job, state, [e.conversation for e in episodes])
+        return state, {**metrics, "train/lr": job.cfg.rl.lr}  # constant: no warmup in this baseline
+
+    def get_state(self) -> dict:
+        return {"sft_rng": self.rng.bit_generator.state}
+
+    def set_state(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["sft_rng"]
 
 
 def _chunk_metrics(parts: list[dict[str, int]], prefix: str) -> dict[str, float]:
@@ -423,45 +461,3 @@ def _distance_metrics(distances: np.ndarray, tau_d: float, prefix: str) -> dict[
     return {f"{prefix}/wm_accuracy": float(np.mean(distances < tau_d)),
             f"{prefix}/wm_mean_distance": float(np.mean(distances[ok])) if ok.any() else reward_lib.MAX_DISTANCE,
             f"{prefix}/wm_parsed": float(np.mean(ok))}
-
-
-# ----------------------------------------------------------------------------- stage 1
-
-
-def train_world_model(cfg) -> dict[str, Any]:
-    """Stage 1 of RWML (or the WM-SFT baseline), then an HF export to `rwml.export_dir`
-    (default out_dir/hf) for stage 2."""
-    cfg = config_lib.typed(cfg)
-    if cfg.rwml is None:
-        raise config_lib.ConfigError("RWML needs the rwml section (start from configs/rwml.py's get_config())")
-    out = train(cfg, workload=WorldModelWorkload) if cfg.rwml.objective == "rl" else train_wm_sft(cfg)
-    export_dir = cfg.rwml.export_dir or os.path.join(cfg.out_dir, "hf")
-    if export_dir and jax.process_index() == 0:
-        out["export"] = export_checkpoint(cfg.out_dir, export_dir)
-        log.info("exported the world-model checkpoint to %s", export_dir)
-    return out
-
-
-def train_wm_sft(cfg) -> dict[str, Any]:
-    """WM-SFT (the baseline objective, not a workload: no rollouts, no RL step): token-level
-    cross-entropy on the training triples' next states (`steps` batches of `tasks_per_step`),
-    then the held-out accuracy; saved as a checkpoint like an RL run."""
-    cfg = config_lib.typed(cfg)
-    job, state = build_job(cfg)
-    work = WorldModelWorkload(job, state.params)
-    steps = work.total_steps(cfg.steps)
-    logger = MetricLogger(cfg.out_dir, total_steps=steps)
-    params = sft_on(job, state.params, work.data.train, steps=steps, batch_size=cfg.rollout.tasks_per_step,
-                    lr=cfg.rl.lr, seed=seeds.derive(cfg.seed, "sft"), logger=logger, prefix="train")
-    metrics = {"step": steps, **work.data.stats, **work.evaluate(job, params, steps)}
-    logger.log(steps, metrics)
-    state = dataclasses.replace(state, params=params)
-    ckpt = Checkpointer(os.path.join(cfg.out_dir, "checkpoints"), keep=cfg.checkpoint.keep)
-    try:
-        ckpt.save(steps, state, {"step": steps, "workload": work.get_state(), "history": [metrics],
-                                 "config": cfg.to_dict()})
-        ckpt.wait()
-    finally:
-        ckpt.close()
-        logger.close([metrics])
-    return {"history": [metrics], "state": state}

@@ -36,7 +36,7 @@ def test_dapo_continues_after_its_last_generation_batch_or_raises(tmp_path, monk
     """After max_num_gen_batches (10) without a group of mixed success the step trains on the
     groups it has (none here: no optimizer step) and logs rollout/dynamic_sampling_exhausted = 1,
     as the reference does; `rl.dynamic_sampling_exhausted = "raise"` stops the run instead."""
-    monkeypatch.setitem(registry.ENVS, NAME, (__name__, "catalogue", "DudEnv", None))
+    monkeypatch.setitem(registry.ENVS, NAME, registry.EnvSpec(NAME, __name__, "DudEnv"))
     monkeypatch.setitem(prompts.SYSTEM_PROMPTS, NAME, "Answer with text only.")
     kept = {}
 

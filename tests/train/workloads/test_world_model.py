@@ -37,9 +37,9 @@ def alfworld_env(alfworld_data):
 def test_two_stages_end_to_end(tmp_path, alfworld_env):
     from jaxscaffold.models import hf_io
     from jaxscaffold.train.trainer import train
-    from jaxscaffold.train.workloads.world_model import DATA_FILE, train_world_model
+    from jaxscaffold.train.workloads.world_model import DATA_FILE
 
-    out = train_world_model(stage1_config(tmp_path / "wm"))
+    out = train(stage1_config(tmp_path / "wm"))  # job rwml: stage 1, then the hand-off export
     hist = out["history"]
     assert [h["step"] for h in hist] == [1, 2]
     first = hist[0]
@@ -56,7 +56,7 @@ def test_two_stages_end_to_end(tmp_path, alfworld_env):
 
     # Resuming reads the prepared data set back instead of collecting again.
     digest = hashlib.sha1(open(tmp_path / "wm" / DATA_FILE, "rb").read()).hexdigest()
-    again = train_world_model(stage1_config(tmp_path / "wm", steps=3, **{"eval.every": 0}))
+    again = train(stage1_config(tmp_path / "wm", steps=3, **{"eval.every": 0}))
     assert [h["step"] for h in again["history"]] == [1, 2, 3]
     assert hashlib.sha1(open(tmp_path / "wm" / DATA_FILE, "rb").read()).hexdigest() == digest
 
@@ -79,8 +79,8 @@ def test_two_stages_end_to_end(tmp_path, alfworld_env):
 
 @pytest.mark.slow
 def test_wm_sft_baseline_fits_the_next_states(tmp_path, alfworld_env):
-    from jaxscaffold.train.workloads.world_model import train_world_model
-    out = train_world_model(stage1_config(tmp_path / "sft", steps=8, **{
+    from jaxscaffold.train.trainer import train
+    out = train(stage1_config(tmp_path / "sft", steps=8, **{
         "rwml.objective": "sft", "rl.lr": 1e-2, "rwml.export_dir": str(tmp_path / "sft_hf")}))
     metrics = [json.loads(line) for line in open(tmp_path / "sft" / "metrics.jsonl")]
     nll = [m["train/nll"] for m in metrics if "train/nll" in m]
@@ -109,8 +109,8 @@ def test_the_evaluation_sample_spans_the_held_out_tasks():
 
 @pytest.mark.slow
 def test_wm_sft_runs_for_its_epochs(tmp_path, alfworld_env):
-    from jaxscaffold.train.workloads.world_model import train_world_model
-    out = train_world_model(stage1_config(tmp_path / "sft", steps=99, **{
+    from jaxscaffold.train.trainer import train
+    out = train(stage1_config(tmp_path / "sft", steps=99, **{
         "rwml.objective": "sft", "rwml.epochs": 1.5, "rwml.export_dir": str(tmp_path / "sft_hf")}))
     last = out["history"][-1]
     assert last["step"] == int(np.ceil(1.5 * last["triples/train"] / 2)) != 99 and last["triples/empty_next_state"] >= 0
