@@ -65,6 +65,9 @@ def get_config() -> ConfigDict:
     c.rollout.sampler_devices = 0  # devices a host samples on, tensor parallel (0: all of its devices of the training mesh; 1: one device, unsharded on one process)
     c.rollout.max_staleness = 0  # k > 0: a background collector samples up to k steps ahead of training (step t with the policy after step t - 1 - k); rows more than k versions old are dropped (0: on-policy, collect then train)
     c.rollout.max_rows_in_flight = 0  # sampler rows at once: the step's groups in waves of whole groups (0: all at once; a memory knob, the KV cache scales with it)
+    c.rollout.kv_cache = "contiguous"  # the TPU / GPU sampler's KV cache: contiguous (max_len slots a row) | paged (a pool of pages, taken as rows grow; docs/design/kernels.md)
+    c.rollout.page_size = 64  # paged: tokens a page
+    c.rollout.kv_pages = 0  # paged: pages in the pool (0: every row at max_len; fewer: more rows in the same memory, launch/plan.py's rows_that_fit; a row finding none ends truncated)
     c.rollout.lockstep = False  # True: all episodes step together turn by turn (the reference); False: each episode advances on its own
     c.rollout.decode_chunk = 16  # asynchronous rollouts: tokens each ready row decodes before observations and new episodes join
 

@@ -95,6 +95,9 @@ class Rollout:
     history_window: int
     sampler_devices: int = 0  # a host's sampler mesh: its first n devices (0: all; `multihost.rollout_mesh`)
     max_rows_in_flight: int = 0  # a memory knob: the sampler's slots (`train.waves`)
+    kv_cache: Literal["contiguous", "paged"] = "contiguous"  # the stacked sampler's cache (`backends.accelerator`)
+    page_size: int = 64  # paged: tokens a page
+    kv_pages: int = 0  # paged: pages in the pool (0: every row at max_len)
     lockstep: bool = False  # episodes stepped together turn by turn (the reference); else asynchronous
     decode_chunk: int = 16  # asynchronous: tokens a ready row decodes between admissions
     max_staleness: int = 0  # k > 0: rollouts of the next k steps overlap training (`train.collector`)
@@ -475,6 +478,11 @@ def validate(cfg: RunConfig) -> None:
     _range("rollout.sampler_devices", c.sampler_devices, 0)
     _range("rollout.max_rows_in_flight", c.max_rows_in_flight, 0)
     _range("rollout.max_staleness", c.max_staleness, 0)
+    _range("rollout.page_size", c.page_size, 1)
+    if c.kv_pages and c.kv_pages < 2:
+        raise ConfigError(f"config.rollout.kv_pages={c.kv_pages} must be 0 (every row at max_len) or at least 2 "
+                          "(page 0 is scratch)")
+    _range("rollout.kv_pages", c.kv_pages, 0)
     _range("mesh.rollout_devices", cfg.mesh.rollout_devices, 0)
     _range("rollout.decode_chunk", c.decode_chunk, 1)
     if 0 < c.max_rows_in_flight < c.group_size:

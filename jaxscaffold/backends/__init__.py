@@ -19,6 +19,7 @@ the pure-JAX flash kernel on accelerators and XLA's on CPU); for the compiler, `
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -38,14 +39,20 @@ def current():
     return for_platform(jax.default_backend())
 
 
-def for_sampler(layout: str = "auto", *, mesh=None, column_blocks: int | None = None):
+def for_sampler(layout: str = "auto", *, mesh=None, column_blocks: int | None = None, kv_cache: str = "contiguous",
+                page_size: int = 64):
     """The backend a sampler decodes with: the platform's ("auto"), or the one of a layout
-    ("per_layer": the CPU's, in `column_blocks` blocks; "stacked": the accelerators')."""
+    ("per_layer": the CPU's, in `column_blocks` blocks; "stacked": the accelerators'), with
+    its cache ("contiguous", or "paged" in pages of `page_size` tokens: the stacked layout's)."""
     if layout == "auto":
         layout = current().layout
     if layout == "per_layer":
+        if kv_cache != "contiguous":
+            raise ValueError(f"kv_cache={kv_cache!r} is the stacked layout's (the TPU / GPU sampler's); the CPU's "
+                             "per_layer layout has a contiguous cache (layout='stacked' to page on CPU)")
         return cpu.CPU(column_blocks=cpu.default_column_blocks(mesh) if column_blocks is None else column_blocks)
     if layout == "stacked":
         platform = current()
-        return platform if isinstance(platform, accelerator.Accelerator) else accelerator.Accelerator()
+        platform = platform if isinstance(platform, accelerator.Accelerator) else accelerator.Accelerator()
+        return dataclasses.replace(platform, kv_cache=kv_cache, page_size=page_size)
     raise ValueError(f"unknown sampler layout {layout!r} (per_layer, stacked, auto)")
