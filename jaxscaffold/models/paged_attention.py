@@ -49,36 +49,47 @@ def token_places(table_BN, positions_BT, segment_ids_BT, *, page: int, num_pages
     return jnp.where(inside, page_id, num_pages), positions_BT % page
 
 
-def write_tokens(k_pages, v_pages, page_id_BT, slot_BT, k_BTGK, v_BTGK):
+def write_tokens(k_pages, v_pages, page_id_BT, slot_BT, k_BTGK, v_BTGK, *, layer=None):
     """The pools with new tokens written at (page_id, slot); out-of-pool page ids (padding)
-    are dropped, so they never overwrite a cached token."""
-    k_pages = k_pages.at[:, page_id_BT, slot_BT].set(jnp.moveaxis(k_BTGK, 2, 0).astype(k_pages.dtype), mode="drop")
-    v_pages = v_pages.at[:, page_id_BT, slot_BT].set(jnp.moveaxis(v_BTGK, 2, 0).astype(v_pages.dtype), mode="drop")
+    are dropped, so they never overwrite a cached token. With `layer`, the pools are stacked
+    over layers ([L, G, P, page, K]) and that layer's are written: one scatter into the
+    stacked pools, in place in a layer loop that carries them."""
+    if layer is None:
+        k_new, v_new = jnp.moveaxis(k_BTGK, 2, 0), jnp.moveaxis(v_BTGK, 2, 0)  # [G, B, T, K]
+        index = (slice(None), page_id_BT, slot_BT)
+    else:  # the index arrays are split by the heads' slice: their axes (B, T) lead
+        k_new, v_new, index = k_BTGK, v_BTGK, (layer, slice(None), page_id_BT, slot_BT)
+    k_pages = k_pages.at[index].set(k_new.astype(k_pages.dtype), mode="drop")
+    v_pages = v_pages.at[index].set(v_new.astype(v_pages.dtype), mode="drop")
     return k_pages, v_pages
 
 
 def gather_attention(q_BTHK, k_pages, v_pages, lengths_B, table_BN, positions_BT):
     """Attention of each row's queries (at `positions_BT`) over its first `lengths_B[b]`
     tokens, gathered from its pages (the table's width: the call's window), causal by
-    position; scores and softmax in f32. Returns [B, T, H, K] in q's dtype."""
+    position; scores and softmax in (at least) f32. Returns [B, T, H, K] in q's dtype."""
     b, t, h, d = q_BTHK.shape
     g, _, page, _ = k_pages.shape
     n = table_BN.shape[1]
-    k = k_pages[:, table_BN].reshape(g, b, n * page, d)  # [G, B, S, K]
-    v = v_pages[:, table_BN].reshape(g, b, n * page, d)
-    q = q_BTHK.reshape(b, t, g, h // g, d).astype(jnp.float32) * (d ** -0.5)
-    scores = jnp.einsum("btgrd,gbsd->bgrts", q, k.astype(jnp.float32))
+    # Keys and values in q's dtype, products accumulated in f32 (as `attention.cached_attention`
+    # reads a contiguous cache): a bf16 pool is read as it lies, not widened to f32 first.
+    dt = q_BTHK.dtype
+    k = k_pages[:, table_BN].reshape(g, b, n * page, d).astype(dt)  # [G, B, S, K]
+    v = v_pages[:, table_BN].reshape(g, b, n * page, d).astype(dt)
+    acc = jnp.promote_types(dt, jnp.float32)
+    q = q_BTHK.reshape(b, t, g, h // g, d) * (d ** -0.5)
+    scores = jnp.einsum("btgrd,gbsd->bgrts", q, k, preferred_element_type=acc)
     s = jnp.arange(n * page)
     valid = (s[None, None, :] < lengths_B[:, None, None]) & (s[None, None, :] <= positions_BT[:, :, None])  # [B, T, S]
     scores = jnp.where(valid[:, None, None], scores, MASKED)
-    probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("bgrts,gbsd->btgrd", probs, v.astype(jnp.float32))
-    return out.reshape(b, t, h, d).astype(q_BTHK.dtype)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+    out = jnp.einsum("bgrts,gbsd->btgrd", probs, v, preferred_element_type=acc)
+    return out.reshape(b, t, h, d).astype(dt)
 
 
 def decode_attention(q_BHK, k_pages, v_pages, lengths_B, table_BN):
     """Attention of one query per row over its first `lengths_B[b]` cached tokens, gathered
-    from its pages; scores and softmax in f32. Returns [B, H, K] in q's dtype."""
+    from its pages; scores and softmax in (at least) f32. Returns [B, H, K] in q's dtype."""
     positions = jnp.maximum(lengths_B - 1, 0)[:, None]  # the query is the last token: sees them all
     return gather_attention(q_BHK[:, None], k_pages, v_pages, lengths_B, table_BN, positions)[:, 0]
 

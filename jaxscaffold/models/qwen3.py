@@ -363,11 +363,10 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
         # (one read: the TPU kernel or the gather). The pools are the layer loop's carry, so
         # the writes are in place.
         def attend(q, k, v, i, pools):
+            pools = paged_attention.write_tokens(*pools, *places, k, v, layer=i)
             pool_k, pool_v = (lax.dynamic_index_in_dim(p, i, keepdims=False) for p in pools)
-            pool_k, pool_v = paged_attention.write_tokens(pool_k, pool_v, *places, k, v)
-            out = paged_attention.attend(q, pool_k, pool_v, lengths, table, row_positions,
-                                         decode_kernel=kernels.paged_decode)
-            return out, tuple(lax.dynamic_update_index_in_dim(p, new, i, 0) for p, new in zip(pools, (pool_k, pool_v)))
+            return paged_attention.attend(q, pool_k, pool_v, lengths, table, row_positions,
+                                          decode_kernel=kernels.paged_decode), pools
     else:
         if positions_BT is None:
             positions_BT = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
