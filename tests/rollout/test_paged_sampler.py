@@ -158,3 +158,25 @@ def test_the_config_chooses_the_cache():
             config_lib.from_configdict(config_lib.parse_overrides(base(), [bad]))
     with pytest.raises(ValueError, match="stacked"):
         Sampler(model_configs.tiny(), batch_size=1, max_len=64, stop_ids=(), layout="per_layer", kv_cache="paged")
+
+
+@pytest.mark.slow
+def test_a_sharded_paged_sampler_equals_the_unsharded_one(tiny):
+    """Kv heads over `tensor`, rows (and their page tables) over the batch axes, the pool
+    shared by the rows: the unsharded paged sampler's tokens, the pool keeping its sharding."""
+    from jaxscaffold.models.sharding import MeshConfig, make_mesh
+    config, params = tiny
+    mesh = make_mesh(MeshConfig(data=2, fsdp=1, tensor=2), jax.devices()[:4])
+    outs = []
+    for p, m in ((params, None), (jax.device_put(params, qwen3.param_shardings(config, mesh)), mesh)):
+        sampler = Sampler(config, batch_size=4, max_len=128, sampling=GREEDY, stop_ids=(), layout="stacked", mesh=m,
+                          kv_cache="paged", page_size=PAGE)
+        state = sampler.extend(p, sampler.init_state(), {s: [s + 10, 2 * s + 11] * (5 + 5 * s) for s in range(4)})
+        state, out = sampler.generate(p, state, list(range(4)), max_new_tokens=12, seeds=[1, 2, 3, 4])
+        if m is not None:
+            want = jax.sharding.NamedSharding(m, jax.sharding.PartitionSpec(None, "tensor"))
+            assert state.cache.k.sharding.is_equivalent_to(want, 5), state.cache.k.sharding
+        outs.append(out)
+    for s in range(4):
+        np.testing.assert_array_equal(outs[0][s].tokens, outs[1][s].tokens)
+        np.testing.assert_allclose(outs[0][s].logprobs, outs[1][s].logprobs, atol=1e-4)
