@@ -106,6 +106,26 @@ def test_a_pool_too_small_ends_rows_truncated_and_counted(tiny):
         np.testing.assert_array_equal(outs["paged"][slot].tokens, outs["contiguous"][slot].tokens[:n])
 
 
+def test_multi_turn_ends_a_turn_out_of_pages_and_reports_no_room(tiny):
+    """`MultiTurn.decode` in chunks over the pool of the test above: both turns end, "pages",
+    where the rows' pages end, and the slots report no room (the agent ends such an episode
+    truncated)."""
+    from jaxscaffold.rollout.conversation import MultiTurn
+    config, params = tiny
+    rng = np.random.RandomState(5)
+    mt = MultiTurn(_sampler(config, kv_cache="paged", page_size=PAGE, kv_pages=6))
+    mt.extend(params, {slot: list(rng.randint(0, config.vocab_size, 20)) for slot in (0, 1)})
+    ended = {}
+    for _ in range(10):  # 40-token turns in chunks of 16: ended within a few calls
+        turns = {slot: (40, slot + 1) for slot in (0, 1) if slot not in ended}
+        if not turns:
+            break
+        ended.update(mt.decode(params, turns, chunk=16))
+    assert {slot: (gen.finish_reason, len(gen.tokens)) for slot, gen in ended.items()} == {0: ("pages", 28),
+                                                                                        1: ("pages", 12)}
+    assert [mt.room(slot) for slot in (0, 1)] == [0, 0] and mt.sampler.rows_out_of_pages == 2
+
+
 @pytest.mark.slow
 def test_the_tpu_kernel_in_interpret_mode_decodes_the_gather_reads_tokens(tiny, monkeypatch):
     """The TPU backend's paged decode (the Pallas kernel, bf16 pages) run on CPU in interpret
