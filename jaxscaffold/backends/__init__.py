@@ -4,11 +4,13 @@ platform runs it:
 
   cpu.CPU                   per-layer decode layout in column blocks, bf16 cache as bits,
                             windowed cache reads, custom-VJP dense layers, YNNPACK options
-  accelerator.Accelerator   TPU / GPU: stacked weights scanned, plain cache, windowed cache
-                            reads, autodiff
+  accelerator.Accelerator   TPU / GPU: stacked weights scanned, plain (or paged) cache,
+                            windowed cache reads, autodiff
 
 A backend provides, for the sampler: `prepare(params, config)` (its weight layout; a no-op on
-prepared ones), `is_prepared(params)`, `empty_cache(config, batch, max_len, dtype)`,
+prepared ones), `is_prepared(params)`, `kv_cache` ("contiguous", or "paged": the stacked
+layout's option, `Accelerator(kv_cache="paged", page_size=)`), `empty_cache(config, batch,
+max_len, dtype)` (paged: `pages=`, the pool's size),
 `kv_sharding(config, mesh, rules)`, `hidden_states(params, config, tokens, segment_ids_BT=,
 cache=, window=)` and `unembed(params, config, h)`, `windowed` (whether a call attends over a
 bucketed cache prefix); for training, `with_kernels(config)` (the config carrying its dense /
