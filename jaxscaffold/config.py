@@ -120,6 +120,9 @@ class Rollout:
     max_staleness: int = field(0, "k > 0: a background collector samples up to k steps ahead of training (step t with the policy after step t - 1 - k); rows more than k versions old are dropped (0: on-policy, collect then train)", ge=0)
     partial: bool = field(False, "with max_staleness >= 1: episodes running when the trainer publishes a newer policy continue under it from the next decode chunk (each token keeps the version that sampled it; the KV cache of earlier tokens is kept); False: an episode is sampled by one version")
     max_rows_in_flight: int = field(0, "sampler rows at once: the step's groups in waves of whole groups (0: all at once; a memory knob, the KV cache scales with it)", ge=0)
+    kv_cache: str = field("contiguous", "the TPU / GPU sampler's KV cache: contiguous (max_len slots a row) | paged (a pool of pages, taken as rows grow; docs/design/kernels.md)", choices=("contiguous", "paged"))
+    page_size: int = field(64, "paged: tokens a page", ge=1)
+    kv_pages: int = field(0, "paged: pages in the pool (0: every row at max_len; fewer: more rows in the same memory, launch/plan.py's rows_that_fit; a row finding none ends truncated)", ge=0)
     lockstep: bool = field(False, "True: all episodes step together turn by turn (the reference); False: each episode advances on its own")
     decode_chunk: int = field(16, "asynchronous rollouts: tokens each ready row decodes before observations and new episodes join", ge=1)
 
@@ -446,6 +449,9 @@ def validate(cfg: RunConfig) -> None:
     _check_env_kwargs(cfg.envs.env_kwargs)
     _check_update(cfg.rl)
     c = cfg.rollout
+    if c.kv_pages and c.kv_pages < 2:
+        raise ConfigError(f"config.rollout.kv_pages={c.kv_pages} must be 0 (every row at max_len) or at least 2 "
+                          "(page 0 is scratch)")
     if c.partial and (c.max_staleness < 1 or c.lockstep):
         raise ConfigError(f"config.rollout.partial needs rollout.max_staleness >= 1 (got {c.max_staleness}) and "
                           f"the asynchronous driver (rollout.lockstep=False): weights change between decode chunks")

@@ -2,6 +2,7 @@
 reproduces XLA's cost analysis when unchanged and counts loops and slices as stated; the
 windowed stacked decode reads less than the full-capacity one."""
 
+import functools
 import json
 import os
 import subprocess
@@ -9,6 +10,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,7 +48,8 @@ def test_quick_decode_bytes_windowed_below_full():
     run = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "bench.py"), "decode_bytes", "--quick", "--json"],
                          capture_output=True, text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    figures = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    everything = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    figures = [f for f in everything if f["program"] in ("windowed", "full")]
     by = {(f["filled"], f["program"]): f for f in figures}
     # The rules' replica of XLA's count: XLA takes one transpose (the new keys' axes moved for
     # the cache write, ~0.1% here) for a bitcast.
@@ -58,6 +61,41 @@ def test_quick_decode_bytes_windowed_below_full():
         if filled < capacity and program == "windowed":
             assert f["window"] < capacity and f["ratio"] < by[filled, "full"]["ratio"]
     assert by[capacity, "windowed"]["bytes_accessed"] == by[capacity, "full"]["bytes_accessed"]
+    # The mixed batch (half the rows at 1/8, half full): the contiguous step is the full
+    # window's; the paged one on TPU reads each row's own pages (less), the gather read of
+    # every row's pages up to the longest row's (more).
+    mixed = {f["program"]: f for f in everything if f["program"].startswith("mixed_")}
+    assert set(mixed) == {"mixed_contiguous", "mixed_paged", "mixed_paged_gather"}
+    assert mixed["mixed_contiguous"]["bytes_accessed"] == by[capacity, "windowed"]["bytes_accessed"]
+    for program, f in mixed.items():
+        assert f[f"{program}_over_min"] == pytest.approx(f["bytes_accessed"] / f["min_bytes"])
+    assert mixed["mixed_paged"]["ratio"] < mixed["mixed_contiguous"]["ratio"] < mixed["mixed_paged_gather"]["ratio"]
+    assert mixed["mixed_paged"]["read_by_kernel"] < mixed["mixed_paged_gather"]["gather_read"]
+
+
+def test_a_skipped_scope_counts_nothing_and_the_kernel_reads_own_pages():
+    from benchmarks import decode_bytes
+    from jaxscaffold.models import config as model_configs
+    n = 1000
+
+    @functools.partial(jax.named_call, name="paged_read")
+    def read(x):  # a fusion of its own: reads x, writes the sum
+        return jnp.sum(jnp.exp(x))
+
+    def net(x, y):  # the dot reads x and y, writes [n, n]
+        return read(x) + x[:, None] @ y[None]
+
+    x = jax.ShapeDtypeStruct((n,), jnp.float32)
+    text = jax.jit(net).lower(x, x).as_text(dialect="hlo", debug_info=True)
+    whole = hlo_bytes.bytes_accessed(text, fusion=True).total
+    rest = hlo_bytes.bytes_accessed(text, fusion=True, skip_scope="paged_read").total
+    assert whole - rest == 4 * n + 4  # the read's fusion: x in, a scalar out
+    # Rows of 1, 64 and 65 tokens in pages of 64 hold 1 + 1 + 2 pages: the kernel moves those
+    # (keys and values, bf16), queries and outputs (bf16) and int32 lengths and tables, per layer.
+    c = model_configs.tiny()
+    got = decode_bytes.kernel_bytes(c, np.array([1, 64, 65]), 64, table_width=4)
+    per_layer = 2 * 4 * 64 * c.num_kv_heads * c.head_dim * 2 + 2 * 3 * c.num_heads * c.head_dim * 2 + 4 * 3 * 5
+    assert got == c.num_layers * per_layer
 
 
 def test_loop_fusion_reads_each_input_once_and_materialises_what_a_dot_reads():

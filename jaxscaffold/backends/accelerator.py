@@ -4,7 +4,11 @@ default options. Also the reference layout on CPU (`Sampler(layout="stacked")`).
 
 A sampler's call attends over a bucketed prefix of the cache (`qwen3.hidden_states`'s
 `window`), as on CPU, so a decode step reads the filled part of the cache, not its capacity.
-`launch/bench.py decode_bytes` counts what one decode step reads at Qwen3-0.6B / 4B shapes."""
+`launch/bench.py decode_bytes` counts what one decode step reads at Qwen3-0.6B / 4B shapes.
+
+The sampler's cache is contiguous (`max_len` slots a row) or paged (`kv_cache="paged"`: one
+pool of `page_size`-token pages, a page table a row, `qwen3.PagedKVCache`); the paged decode
+reads through the Pallas TPU kernel on TPU with a bf16 cache, the gather elsewhere."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxscaffold.models import qwen3
+from jaxscaffold.models import paged_attention, qwen3
 from jaxscaffold.models.config import Qwen3Config
 
 
@@ -28,9 +32,17 @@ class Accelerator:
     stand for theirs (the XLA kernel's O(T^2) f32 scores would not fit 16k-token rows)."""
 
     platform: str = "portable"
+    kv_cache: str = "contiguous"  # the sampler's cache: "contiguous" (max_len slots a row) or "paged"
+    page_size: int = 64  # tokens a page (paged)
     name = "accelerator"
     layout = "stacked"
     windowed = True  # a call attends over the bucketed filled prefix of the cache, not all of it
+
+    def __post_init__(self):
+        if self.kv_cache not in ("contiguous", "paged"):
+            raise ValueError(f"unknown kv_cache {self.kv_cache!r} (contiguous, paged)")
+        if self.page_size < 1:
+            raise ValueError(f"page_size={self.page_size} must be at least 1")
 
     def with_attention(self, config: Qwen3Config) -> Qwen3Config:
         """The config with "auto" attention resolved for this platform."""
@@ -59,13 +71,32 @@ class Accelerator:
     def is_prepared(self, params: dict) -> bool:
         return True
 
-    def empty_cache(self, config: Qwen3Config, batch: int, max_len: int, dtype) -> qwen3.KVCache:
-        return qwen3.KVCache.empty(config, batch, max_len, dtype)
+    def empty_cache(self, config: Qwen3Config, batch: int, max_len: int, dtype, *, pages: int = 0):
+        """An empty cache: contiguous, or a pool of `pages` pages (0: enough for every row at
+        `max_len`, and the scratch page)."""
+        if self.kv_cache == "contiguous":
+            return qwen3.KVCache.empty(config, batch, max_len, dtype)
+        pages = pages or self.pages_for(batch, max_len)
+        return qwen3.PagedKVCache.empty(config, batch, max_len, pages=pages, page_size=self.page_size, dtype=dtype)
+
+    def pages_for(self, batch: int, max_len: int) -> int:
+        """Pages of a pool that holds `batch` rows of `max_len` tokens, and the scratch page."""
+        return batch * -(-max_len // self.page_size) + 1
 
     def kv_sharding(self, config: Qwen3Config, mesh, rules):
+        if self.kv_cache == "paged":  # pages are shared by the rows: kv heads over `tensor` only
+            return rules.sharding(mesh, ("layers", "cache_heads", None, None, "head_dim"))
         return rules.sharding(mesh, ("layers", "batch", "cache_heads", "cache_seq", "head_dim"))
 
+    def paged_decode(self, cache_dtype) -> str:
+        """The paged decode's read: "pallas" (the TPU kernel, bf16 caches) or "gather"."""
+        return "pallas" if self.platform == "tpu" and jnp.dtype(cache_dtype) == jnp.bfloat16 else "gather"
+
     def hidden_states(self, params, config, tokens_BT, *, segment_ids_BT, cache, window):
+        if isinstance(cache, qwen3.PagedKVCache) and self.paged_decode(cache.k.dtype) == "pallas":
+            kernels = dataclasses.replace(config.kernels or qwen3.PORTABLE,
+                                          paged_decode=paged_attention.decode_attention_tpu)
+            config = config.replace(kernels=kernels)
         return qwen3.hidden_states(params, config, tokens_BT, segment_ids_BT=segment_ids_BT, cache=cache,
                                    window=window)
 

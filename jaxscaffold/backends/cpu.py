@@ -355,6 +355,7 @@ class CPU:
     column_blocks: int = 1
     name = "cpu"
     layout = "per_layer"
+    kv_cache = "contiguous"  # the paged cache is the stacked layout's (`backends.accelerator`)
     windowed = True  # a call attends over the bucketed filled prefix of the cache, not all of it
 
     def with_attention(self, config: Qwen3Config) -> Qwen3Config:

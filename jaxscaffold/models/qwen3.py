@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxscaffold.models import attention
+from jaxscaffold.models import attention, paged_attention
 from jaxscaffold.models.config import Qwen3Config
 from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules, tree_shardings
 
@@ -141,6 +141,27 @@ class KVCache(NamedTuple):
                        lengths=jnp.zeros((batch,), jnp.int32))
 
 
+class PagedKVCache(NamedTuple):
+    """Keys/values in pages (`models.paged_attention`): one pool a layer, stacked, and a page
+    table a row. Row b's token at position p lies in page `table[b, p // page]`, at slot
+    `p % page`. The sampler allocates the pages on the host (`rollout.engine`); page 0 is
+    scratch: the table entries a row has not filled point there, and are masked when read."""
+
+    k: jax.Array  # [L, G, P, page, K]
+    v: jax.Array  # same as k
+    table: jax.Array  # [B, N] int32 page ids, N = ceil(max_len / page)
+    lengths: jax.Array  # [B] int32
+
+    @staticmethod
+    def empty(config: Qwen3Config, batch: int, max_len: int, *, pages: int, page_size: int,
+              dtype="bfloat16") -> "PagedKVCache":
+        """An empty pool of `pages` pages of `page_size` tokens (page 0 the scratch page)."""
+        shape = (config.num_layers, config.num_kv_heads, pages, page_size, config.head_dim)
+        return PagedKVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                            table=jnp.zeros((batch, -(-max_len // page_size)), jnp.int32),
+                            lengths=jnp.zeros((batch,), jnp.int32))
+
+
 def cache_slots(segment_ids_BT, lengths_B, capacity: int):
     """Cache slot of each new token: lengths[b] + t for real tokens; `capacity` (out of
     range, so the write is dropped) for padding. Rows must be right-padded."""
@@ -211,6 +232,9 @@ class Kernels:
 
     dense: Callable = dense  # (x, w [in, out], acc_dtype) -> x @ w in acc_dtype
     embed_rows: Callable = embed_rows  # (table [V, D], tokens) -> rows
+    # One query a row over a paged cache (`paged_attention.decode_attention`'s signature: the
+    # TPU kernel); None: the gather read.
+    paged_decode: Callable | None = None
 
 
 PORTABLE = Kernels()
@@ -289,7 +313,7 @@ def sequence_attention(config: Qwen3Config, segment_ids_BT) -> Callable:
 
 
 def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=None,
-                  segment_ids_BT=None, cache: KVCache | None = None, window: int | None = None):
+                  segment_ids_BT=None, cache: KVCache | PagedKVCache | None = None, window: int | None = None):
     """The final-normed hidden states h_BTD (the embedding model's output).
 
     Args:
@@ -298,8 +322,8 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
         continuing from the cache length.
       segment_ids_BT: 0 = padding, otherwise a segment id (packed rows attend only within a
         segment). Default: all ones.
-      cache: a KVCache; the new tokens (right-padded) are written after each row's length;
-        padding is never written, and tokens past the capacity are dropped.
+      cache: a KVCache or a PagedKVCache; the new tokens (right-padded) are written after
+        each row's length; padding is never written, and tokens past the capacity are dropped.
       window: with a cache, attend over its first `window` slots only (static; they must
         hold every row's cached tokens: the caller buckets it), so a decode step reads the
         filled part of the cache, not its capacity. Default: the whole capacity. The same
@@ -316,13 +340,33 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
     if segment_ids_BT is None:
         segment_ids_BT = jnp.ones((b, t), jnp.int32)
     segment_ids_BT = segment_ids_BT.astype(jnp.int32)
+    paged = isinstance(cache, PagedKVCache)
     if cache is None:
         if positions_BT is None:
             positions_BT = segment_positions(segment_ids_BT)
         attend_sequence = sequence_attention(c, segment_ids_BT)
 
-        def attend(q, k, v, cache_kv):
+        def attend(q, k, v, i, pools):
             return attend_sequence(q, k, v), None
+    elif paged:
+        row_positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+        if positions_BT is None:
+            positions_BT = row_positions
+        lengths = cache.lengths + jnp.sum(segment_ids_BT != 0, axis=1).astype(jnp.int32)
+        _, _, num_pages, page, _ = cache.k.shape
+        places = paged_attention.token_places(cache.table, row_positions, segment_ids_BT, page=page,
+                                              num_pages=num_pages)
+        width = cache.table.shape[1] if window is None else min(-(-window // page), cache.table.shape[1])
+        table = cache.table[:, :width]  # the pages the call attends over
+
+        # Each layer writes its new tokens into its pages, then reads them with the cached ones
+        # (one read: the TPU kernel or the gather). The pools are the layer loop's carry, so
+        # the writes are in place.
+        def attend(q, k, v, i, pools):
+            pools = paged_attention.write_tokens(*pools, *places, k, v, layer=i)
+            pool_k, pool_v = (lax.dynamic_index_in_dim(p, i, keepdims=False) for p in pools)
+            return paged_attention.attend(q, pool_k, pool_v, lengths, table, row_positions,
+                                          decode_kernel=kernels.paged_decode), pools
     else:
         if positions_BT is None:
             positions_BT = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
@@ -338,7 +382,7 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
         # operand, never copied: each layer reads a static-size dynamic slice of its window,
         # which TPU / GPU fusion reads in place in the score and value products (what
         # `launch/bench.py decode_bytes` assumes).
-        def attend(q, k, v, i):
+        def attend(q, k, v, i, pools):
             ck, cv = (lax.dynamic_slice(buf, (i, 0, 0, 0, 0), (1, b, g, w, k_dim))[0] for buf in (cache.k, cache.v))
             return attention.cached_attention(q, ck.astype(dt), cv.astype(dt), k, v, cache_segment_BS=seen_BW,
                                               segment_BT=segment_ids_BT), (k, v)
@@ -349,25 +393,32 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
     def project(lp, group, h):
         return [_dot(h, lp[name], dt, kernels) for name in group]
 
-    def layer(x, xs):
+    def layer(carry, xs):
+        x, pools = carry
         lp, i = xs
-        return decoder_layer(c, x, lp, cos, sin, lambda q, k, v: attend(q, k, v, i), project)
+        x, out = decoder_layer(c, x, lp, cos, sin, lambda q, k, v: attend(q, k, v, i, pools), project)
+        # The paged layout's layers carry the pools they write; the others hand out their new keys/values.
+        return ((x, out), None) if paged else ((x, None), out)
 
     layer = remat(layer, c)
     layers = params["layers"]
     index = jnp.arange(c.num_layers, dtype=jnp.int32)
+    carry = (x, (cache.k, cache.v) if paged else None)
     if c.scan_layers:
-        x, kv_out = lax.scan(layer, x, (layers, index))
+        carry, kv_out = lax.scan(layer, carry, (layers, index))
     else:  # unrolled (static slices of the stacked weights: copies on CPU)
         outs = []
         for i in range(c.num_layers):
-            x, out = layer(x, (jax.tree.map(lambda a, i=i: a[i], layers), index[i]))
+            carry, out = layer(carry, (jax.tree.map(lambda a, i=i: a[i], layers), index[i]))
             outs.append(out)
-        kv_out = None if cache is None else jax.tree.map(lambda *a: jnp.stack(a), *outs)
+        kv_out = None if cache is None or paged else jax.tree.map(lambda *a: jnp.stack(a), *outs)
+    x, pools = carry
 
     h = rms_norm(x, params["final_norm"], c.rms_norm_eps)
     if cache is None:
         return h
+    if paged:
+        return h, cache._replace(k=pools[0], v=pools[1], lengths=lengths)
     # Every layer's new keys/values in one scatter; padding and overflow are dropped.
     k, v = scatter_kv(cache.k, kv_out[0], slots), scatter_kv(cache.v, kv_out[1], slots)
     return h, KVCache(k=k, v=v, segment_ids=segments, lengths=lengths)

@@ -93,8 +93,9 @@ class MultiTurn:
         return [s for s in range(self.sampler.batch_size) if s not in self.conversations]
 
     def room(self, slot: int) -> int:
-        """Tokens that still fit in a slot (one cache slot stays spare)."""
-        return self.sampler.max_len - 1 - len(self.conversations.get(slot, ()))
+        """Tokens that still fit in a slot (one cache slot stays spare; a paged cache: also
+        within its pages and the free pool)."""
+        return self.sampler.room(slot, len(self.conversations.get(slot, ())))
 
     def _lengths(self) -> np.ndarray:
         # Every token of a conversation is in the cache, so its length is the cache length.
@@ -129,7 +130,8 @@ class MultiTurn:
             if slot not in self.conversations:
                 raise ValueError(f"slot {slot} has no conversation: extend it with a prompt first")
             if slot not in self._open:  # a new turn: its budget as `generate` caps it
-                self._open[slot] = _OpenTurn(seed, max(0, min(budget, self.room(slot))))
+                context = self.sampler.max_len - 1 - len(self.conversations[slot])  # pages: the sampler's to grant
+                self._open[slot] = _OpenTurn(seed, max(0, min(budget, context)))
         slots = list(turns)
         open_turns = [self._open[s] for s in slots]
         self.state, out = self.sampler.generate(
@@ -140,7 +142,7 @@ class MultiTurn:
             piece = out[slot]
             turn.pieces.append(piece)
             turn.remaining -= len(piece.tokens)
-            done = piece.finish_reason == "stop" or turn.remaining <= 0
+            done = piece.finish_reason in ("stop", "pages") or turn.remaining <= 0  # "pages": no page for the row
             self.conversations[slot].add_generation(piece, ends_turn=done)
             if done:
                 del self._open[slot]

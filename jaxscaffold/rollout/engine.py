@@ -16,6 +16,13 @@ runs inside one jitted `lax.while_loop` with the cache donated. How a step runs 
 layout, the cache, the kernels) is the sampler's backend's (`jaxscaffold.backends`), chosen
 once, at construction, from the platform or `layout`.
 
+The cache is contiguous (each slot `max_len` tokens) or, with `kv_cache="paged"` (the stacked
+layout), one pool of pages with a page table per slot (`qwen3.PagedKVCache`): the sampler
+takes pages for a slot as its tokens arrive (`rollout.pages.PageTable`, on the host) and
+returns them when it is released, so rows hold what they fill. A decode row that finds no free
+page for its next token ends its turn with finish_reason "pages" (counted in
+`rows_out_of_pages`); an `extend` the pool cannot hold raises ContextOverflow.
+
 Sampling keys are per row and per position: the token at absolute position p of a row with
 seed s is drawn with `fold_in(key(s), p)`, so a row is reproducible from its seed whatever
 slot or batch it runs in.
@@ -37,6 +44,7 @@ from jaxscaffold import backends, buckets, compiler
 from jaxscaffold.models import qwen3
 from jaxscaffold.models.config import Qwen3Config
 from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules
+from jaxscaffold.rollout.pages import PageTable
 from jaxscaffold.rollout.sampling import SamplingConfig, sample
 
 class ContextOverflow(ValueError):
@@ -50,14 +58,14 @@ class Generation:
     tokens: np.ndarray  # int32 [n]
     logprobs: np.ndarray  # f32 [n], under the unmodified policy (T=1, no truncation)
     sampling_logprobs: np.ndarray  # f32 [n], under the distribution sampled from
-    finish_reason: str  # "stop" (a stop token, included in tokens) or "length"
+    finish_reason: str  # "stop" (a stop token, included in tokens), "length", or "pages" (a paged cache's pool was empty)
 
 
 @flax.struct.dataclass  # a pytree (frozen): jitted steps take and return it
 class SamplerState:
     """Device state of all slots: the KV cache and each slot's next-token logits."""
 
-    cache: qwen3.KVCache
+    cache: qwen3.KVCache | qwen3.PagedKVCache
     logits_BV: jax.Array  # f32: the model's prediction after each slot's last cached token
 
 
@@ -87,6 +95,9 @@ class Programs:
             return None
         r, m = self.rules, self.mesh
         kv = self.backend.kv_sharding(self.config, m, r)
+        if self.backend.kv_cache == "paged":
+            cache = qwen3.PagedKVCache(k=kv, v=kv, table=r.sharding(m, ("batch", None)), lengths=r.sharding(m, ("batch",)))
+            return SamplerState(cache=cache, logits_BV=r.sharding(m, ("batch", "vocab")))
         cache = qwen3.KVCache(k=kv, v=kv, segment_ids=r.sharding(m, ("batch", "cache_seq")),
                               lengths=r.sharding(m, ("batch",)))
         return SamplerState(cache=cache, logits_BV=r.sharding(m, ("batch", "vocab")))
@@ -180,6 +191,11 @@ class Sampler:
       window_buckets: the cache prefixes a decode chunk may attend over (default: 128 x 1,
         1.5, 2, 3, ... up to max_len; a prefill, the powers of two among them); `(max_len,)`
         attends over the whole cache every step (the reference the windows must equal).
+      kv_cache: "contiguous" (`max_len` slots a row) or "paged" (the stacked layout only):
+        one pool of `kv_pages` pages of `page_size` tokens (0: enough for every slot at
+        `max_len`), pages taken as rows grow.
+      backend: a `jaxscaffold.backends` backend to decode with instead of the one `layout`
+        and `kv_cache` choose (a test runs the TPU backend's kernels on CPU this way).
 
     Parameters: pass `prepare(params)` (once per parameter update); stacked parameters
     also work, converted inside every call (a copy of the weights each time).
@@ -191,7 +207,8 @@ class Sampler:
                  prefill_buckets: Sequence[int] | None = None,
                  decode_buckets: Sequence[int] | None = None,
                  layout: str = "auto", column_blocks: int | None = None,
-                 window_buckets: Sequence[int] | None = None):
+                 window_buckets: Sequence[int] | None = None, kv_cache: str = "contiguous",
+                 page_size: int = 64, kv_pages: int = 0, backend=None):
         if config.is_embedding:
             raise ValueError("an embedding model cannot generate")
         self.config, self.batch_size, self.max_len = config, batch_size, max_len
@@ -212,17 +229,32 @@ class Sampler:
         powers = set(buckets.ladder(_MIN_WINDOW, max_len))
         self.prefill_window_buckets = tuple(w for w in self.window_buckets if w in powers)
         self.mesh, self.rules = mesh, rules
-        self.backend = backends.for_sampler(layout, mesh=mesh, column_blocks=column_blocks)
+        self.backend = backend or backends.for_sampler(layout, mesh=mesh, column_blocks=column_blocks,
+                                                       kv_cache=kv_cache, page_size=page_size)
         self.layout = self.backend.layout
+        self.paged = self.backend.kv_cache == "paged"
+        if self.paged:
+            self.kv_pages = kv_pages or self.backend.pages_for(batch_size, max_len)
+            self.page_table = self._new_page_table()
+        self.rows_out_of_pages = 0  # decode rows ended for want of a page (finish_reason "pages")
         self.programs = Programs(config, sampling, tuple(int(i) for i in self.stop_ids), self.backend, mesh, rules)
 
     # ---------------------------------------------------------------- state
 
+    def _new_page_table(self) -> PageTable:
+        page = self.backend.page_size
+        return PageTable(self.batch_size, self.kv_pages, page, -(-self.max_len // page))
+
     def init_state(self) -> SamplerState:
-        """All slots empty."""
+        """All slots empty (a paged sampler: all pages free; one state at a time)."""
         c = self.config
+        if self.paged:
+            self.page_table = self._new_page_table()
+            cache = self.backend.empty_cache(c, self.batch_size, self.max_len, self.cache_dtype, pages=self.kv_pages)
+        else:
+            cache = self.backend.empty_cache(c, self.batch_size, self.max_len, self.cache_dtype)
         state = SamplerState(
-            cache=self.backend.empty_cache(c, self.batch_size, self.max_len, self.cache_dtype),
+            cache=cache,
             logits_BV=jnp.zeros((self.batch_size, c.vocab_size), jnp.float32))
         shardings = self.programs.state_shardings()
         return state if shardings is None else jax.device_put(state, shardings)
@@ -235,9 +267,28 @@ class Sampler:
         """Empties slots (their cached tokens are forgotten) for new episodes."""
         idx = jnp.asarray(list(slots), jnp.int32)
         cache = state.cache
+        if self.paged:  # the pages go back to the pool; the table reaches the device with the next call
+            for slot in slots:
+                self.page_table.release(slot)
+            return SamplerState(cache=cache._replace(lengths=cache.lengths.at[idx].set(0)), logits_BV=state.logits_BV)
         cache = cache._replace(lengths=cache.lengths.at[idx].set(0),
                                segment_ids=cache.segment_ids.at[idx].set(0))
         return SamplerState(cache=cache, logits_BV=state.logits_BV)
+
+    def room(self, slot: int, length: int) -> int:
+        """Tokens a slot holding `length` can still take (one cache slot stays spare); a paged
+        sampler's, also within its pages and the free pool (which the other slots share)."""
+        room = self.max_len - 1 - length
+        return min(room, self.page_table.room(slot, length)) if self.paged else room
+
+    def _with_table(self, state: SamplerState) -> SamplerState:
+        """The state with the host's page tables (a paged sampler's, before each call)."""
+        if not self.paged:
+            return state
+        table = self.page_table.table.copy()
+        shardings = self.programs.state_shardings()
+        table = jnp.asarray(table) if shardings is None else jax.device_put(table, shardings.cache.table)
+        return SamplerState(cache=state.cache._replace(table=table), logits_BV=state.logits_BV)
 
     def _window(self, needed: int, buckets: Sequence[int]) -> int:
         """The cache prefix a call attends over (a windowed backend's): the bucket holding
@@ -283,6 +334,8 @@ class Sampler:
                 raise ContextOverflow(
                     f"slot {slot}: {lengths[slot]} cached + {len(toks)} new tokens exceed "
                     f"the cache of {self.max_len} (one slot is kept for the final token)")
+        if self.paged:
+            self._take_pages({slot: (int(lengths[slot]), len(toks)) for slot, toks in tokens.items()})
         width = _bucket(longest, self.prefill_buckets, "a prefill")
         ids = np.zeros((self.batch_size, width), np.int32)
         seg = np.zeros((self.batch_size, width), np.int32)
@@ -291,7 +344,20 @@ class Sampler:
             seg[slot, : len(toks)] = 1
         window = self._window(max(int(lengths[slot]) + len(toks) for slot, toks in tokens.items()),
                               self.prefill_window_buckets)
-        return _prefill(params, state, self._put(ids), self._put(seg), programs=self.programs, window=window)
+        return _prefill(params, self._with_table(state), self._put(ids), self._put(seg), programs=self.programs,
+                        window=window)
+
+    def _take_pages(self, grow: Mapping[int, tuple[int, int]]) -> None:
+        """Pages for each slot (held tokens, new tokens) to hold both, or none taken and
+        ContextOverflow."""
+        table = self.page_table
+        short = [slot for slot, (held, new) in grow.items() if table.grow(slot, held + new) < held + new]
+        if short:
+            for slot, (held, _) in grow.items():
+                table.shrink(slot, held)
+            raise ContextOverflow(f"slots {short}: the pool of {table.pages} pages of {table.page_size} tokens has "
+                                  f"{len(table.free)} free, too few for the new tokens (a larger rollout.kv_pages, "
+                                  "or fewer rows)")
 
     def _put(self, x: np.ndarray):
         if self.mesh is None:
@@ -324,15 +390,23 @@ class Sampler:
         pieces = {slot: [empty] for slot in slots}  # (tokens, logprobs, sampling_logprobs) per chunk
         stopped = dict.fromkeys(slots, False)
         going = [slot for slot in slots if remaining[slot] > 0]
+        out_of_pages = set()
         while going:
             window = self.decode_window(max(int(lengths[slot]) for slot in going) + 1)
             active = np.zeros(self.batch_size, bool)
             max_new = np.zeros(self.batch_size, np.int32)
             for slot in going:
                 active[slot], max_new[slot] = True, min(remaining[slot], window - lengths[slot])
+            if self.paged:
+                for slot in self._grant_pages(going, lengths, max_new):  # rows with no page for their next token
+                    active[slot], max_new[slot] = False, 0
+                    out_of_pages.add(slot)
+                going = [slot for slot in going if slot not in out_of_pages]
+                if not going:
+                    break
             steps = _bucket(int(max_new.max()), self.decode_buckets, "a decode")
-            state, out = _decode(params, state, jnp.asarray(row_seeds), self._put(active), self._put(max_new),
-                                 programs=self.programs, steps=steps, window=window)
+            state, out = _decode(params, self._with_table(state), jnp.asarray(row_seeds), self._put(active),
+                                 self._put(max_new), programs=self.programs, steps=steps, window=window)
             toks, lp, slp, n, hit = jax.device_get(out)
             for slot in going:
                 k = int(n[slot])
@@ -340,10 +414,28 @@ class Sampler:
                 lengths[slot] += k
                 remaining[slot] -= k
                 stopped[slot] = bool(hit[slot])
+                if self.paged:  # pages taken for tokens the row did not decode go back
+                    self.page_table.shrink(slot, int(lengths[slot]))
             going = [slot for slot in going if not stopped[slot] and remaining[slot] > 0]
+        self.rows_out_of_pages += len(out_of_pages)
         results = {}
         for slot in slots:
             toks, lp, slp = (np.concatenate(x) for x in zip(*pieces[slot]))
-            results[slot] = Generation(tokens=toks, logprobs=lp, sampling_logprobs=slp,
-                                       finish_reason="stop" if stopped[slot] else "length")
+            reason = "stop" if stopped[slot] else "pages" if slot in out_of_pages else "length"
+            results[slot] = Generation(tokens=toks, logprobs=lp, sampling_logprobs=slp, finish_reason=reason)
         return state, results
+
+    def _grant_pages(self, going: Sequence[int], lengths: np.ndarray, max_new: np.ndarray) -> list[int]:
+        """Pages for a decode chunk: first each row's next token (so that no row starves while
+        another reserves its whole chunk), then each row's chunk as far as the pool goes,
+        `max_new` cut to what a row got. Returns the rows that got no page for their next
+        token."""
+        table, starved = self.page_table, []
+        for slot in going:
+            if table.grow(slot, int(lengths[slot]) + 1) <= lengths[slot]:
+                starved.append(slot)
+        for slot in going:
+            if slot not in starved:
+                held = table.grow(slot, int(lengths[slot] + max_new[slot]))
+                max_new[slot] = min(int(max_new[slot]), held - int(lengths[slot]))
+        return starved

@@ -98,11 +98,15 @@ class SamplerSpec:
     max_len: int
     sampling: SamplingConfig
     cache_dtype: str
+    kv_cache: str = "contiguous"  # or "paged" (`rollout.kv_cache`)
+    page_size: int = 64
+    kv_pages: int = 0
 
     def build(self, model_config, *, mesh, rules, stop_ids=(), **options) -> Sampler:
         """The `Sampler` of these settings on `mesh` (`JobSpec.rollout_mesh`)."""
+        paged = dict(kv_cache=self.kv_cache, page_size=self.page_size, kv_pages=self.kv_pages)
         return Sampler(model_config, batch_size=self.batch_size, max_len=self.max_len, sampling=self.sampling,
-                       stop_ids=stop_ids, cache_dtype=self.cache_dtype, mesh=mesh, rules=rules, **options)
+                       stop_ids=stop_ids, cache_dtype=self.cache_dtype, mesh=mesh, rules=rules, **paged, **options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,13 +141,15 @@ class JobSpec:
         rows = sampler_rows(c, share)  # one wave's rows (rollout.max_rows_in_flight; default the share's)
         eval_rows = e.batch_size or (min(rows, max(1, -(-e.tasks // processes))) if e.tasks else rows)
         cache = cfg.model.cache_dtype
+        paged = dict(kv_cache=c.kv_cache, page_size=c.page_size, kv_pages=c.kv_pages)
         return cls(
             mesh=MeshConfig(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor), mesh_devices=cfg.mesh.devices,
             model=model_config(cfg), optimizer=optimizer_config(cfg), algo=algorithm_config(cfg),
             correction=correction(cfg), lora=lora_config(cfg.lora), adapter_dtype=cfg.model.param_dtype, micro_batches=cfg.rl.micro_batches,
             agg_constant=float(c.max_new_tokens * c.max_turns), sampler_devices=c.sampler_devices,
-            rollout_devices=cfg.mesh.rollout_devices, sampler=SamplerSpec(rows, c.max_len, SamplingConfig(temperature=c.temperature, top_p=c.top_p), cache),
-            eval_sampler=SamplerSpec(eval_rows, e.max_len or c.max_len, GREEDY, cache), seed=cfg.seed)
+            rollout_devices=cfg.mesh.rollout_devices, sampler=SamplerSpec(rows, c.max_len, SamplingConfig(temperature=c.temperature, top_p=c.top_p), cache,
+                                                                            **paged),
+            eval_sampler=SamplerSpec(eval_rows, e.max_len or c.max_len, GREEDY, cache, **paged), seed=cfg.seed)
 
     @property
     def with_reference(self) -> bool:

@@ -16,6 +16,9 @@ the train phase (state + step temporaries) and the rollout phase (state + sample
 published copies of the policy the collector holds); with `mesh.rollout_devices` r > 0 the
 training devices hold the train phase and the r rollout devices the sampler (and the copies),
 each part planned on its own devices (`peak`: the larger of the two).
+`rows_that_fit`: how many sampler rows the memory the rollout phase leaves for the KV cache
+holds, contiguous (each row `rollout.max_len` slots) against paged (each row its filled
+tokens in whole pages of `rollout.page_size`, at a mean fill of 1/2 and 1/8 of max_len).
 
 The programs are the accelerator backend's (`backends.accelerator`: stacked weights, autodiff,
 a plain cache), whatever machine plans them. XLA:CPU's buffer assignment stands in for the
@@ -62,6 +65,9 @@ class MemoryPlan:
     rollout_devices: int = 0  # a split pod: devices that only sample (`mesh.rollout_devices`)
     published: int = 0  # rollout.max_staleness > 0: the policy copies the collector holds
     attention_kernel: str = ""  # the training attention kernel the target's backend runs
+    kv_token_bytes: float = 0.0  # per device, the keys and values of one token of one row (all layers)
+    max_len: int = 0  # the sampler's context (slots a contiguous row reserves)
+    page_size: int = 64  # tokens a page of a paged cache
 
     @property
     def state(self) -> int:
@@ -88,6 +94,22 @@ class MemoryPlan:
 
     def fits(self) -> bool:
         return self.peak <= self.hbm_bytes
+
+    def rows_that_fit(self) -> dict[str, int]:
+        """Sampler rows whose keys and values fit the memory the rollout phase leaves for its
+        cache: "contiguous" rows reserve `max_len` slots each; "paged_fill_1/2" and
+        "paged_fill_1/8" rows hold what they fill, in whole pages, at that mean fill of max_len."""
+        room = self.hbm_bytes - (self.rollout_peak - self.kv_cache)
+        if room <= 0 or not self.kv_token_bytes:
+            return {"contiguous": 0, "paged_fill_1/2": 0, "paged_fill_1/8": 0}
+
+        def rows(tokens: int) -> int:
+            return int(room // (tokens * self.kv_token_bytes))
+
+        def paged(fill: float) -> int:
+            return rows(-(-int(self.max_len * fill) // self.page_size) * self.page_size)
+
+        return {"contiguous": rows(self.max_len), "paged_fill_1/2": paged(1 / 2), "paged_fill_1/8": paged(1 / 8)}
 
     def advice(self, cfg: RunConfig) -> list[str]:
         """What does not fit, and the knobs that shrink it (empty when the plan fits)."""
@@ -135,11 +157,17 @@ class MemoryPlan:
         lines = [f"{name:<40} {'not compiled' if b is None else f'{b / GB:9.2f} GB'}" for name, b in rows]
         verdict = "fits" if self.fits() else "does NOT fit"
         lines.append(f"{'device memory':<40} {self.hbm_bytes / GB:9.2f} GB: {verdict}")
+        if self.kv_token_bytes:
+            fit = self.rows_that_fit()
+            lines.append(f"{'rows_that_fit (the KV memory left)':<40} contiguous {fit['contiguous']}, paged "
+                         f"{fit['paged_fill_1/2']} at a mean fill of 1/2, {fit['paged_fill_1/8']} at 1/8 "
+                         f"(max_len {self.max_len}, pages of {self.page_size})")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        d.update(train_peak=self.train_peak, rollout_peak=self.rollout_peak, peak=self.peak, fits=self.fits())
+        d.update(train_peak=self.train_peak, rollout_peak=self.rollout_peak, peak=self.peak, fits=self.fits(),
+                 rows_that_fit=self.rows_that_fit())
         return d
 
 
@@ -241,6 +269,7 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
     sampler = spec.sampler.build(config, mesh=local, rules=local_rules, layout="stacked")
     cache = jax.eval_shape(sampler.init_state)
     cache_sh = sampler.programs.state_shardings()
+    kv_token = _kv_token_bytes(config, sampler, local, local_rules)
     kv = _shard_bytes(cache, cache_sh) if cache_sh is not None else sum(
         math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(cache))
     # Rollouts sample with the training state's parameters resharded onto each process's own
@@ -272,4 +301,15 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
                      + ("" if split else "; rollouts overlap the update on the same devices"))
     return MemoryPlan(len(devices), hbm_bytes, params, opt_state, grads, activations, reference, sampler_weights,
                       kv, tuple(notes), frozen_base=frozen_base, rollout_devices=split, published=published,
-                      attention_kernel=kernel)
+                      attention_kernel=kernel, kv_token_bytes=kv_token, max_len=sampler.max_len,
+                      page_size=cfg.rollout.page_size)
+
+
+def _kv_token_bytes(config, sampler, mesh, rules) -> float:
+    """Per device, the keys and values of one token of one row: a contiguous cache's bytes per
+    device over its rows and slots (rows sharded over devices each count their share)."""
+    rows, slots = sampler.batch_size, sampler.max_len
+    shape = jax.ShapeDtypeStruct((config.num_layers, rows, config.num_kv_heads, slots, config.head_dim),
+                                 jnp.dtype(sampler.cache_dtype))
+    shard = shape.shape if mesh is None else Accelerator().kv_sharding(config, mesh, rules).shard_shape(shape.shape)
+    return 2 * math.prod(shard) * shape.dtype.itemsize / (rows * slots)

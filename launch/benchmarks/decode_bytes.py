@@ -36,6 +36,19 @@ Nothing is compiled or run: parameters and cache are abstract (`qwen3.param_shap
   past a bucket a step reads up to 1.5x the filled cache (the half-octave ladder: 1024, 1536,
   2048, ...), 1.14-1.2x on average over a chunk, which fills its window from the one before.
 
+A batch of mixed lengths (half the rows at 1/8 of the cache, half full), per case: bytes of a
+step against the weights and the filled KV (`min_bytes` of the rows' own lengths), for
+- `mixed_contiguous`: the windowed contiguous decode (every row reads the longest row's window);
+- `mixed_paged`: the paged decode (`Sampler(kv_cache="paged")`, pages of 64) as it runs on
+  TPU: every op counted as above but the attention read (the ops under the `paged_read`
+  scope), which the Pallas kernel does instead, counted as the kernel moves it: each row's own
+  pages of keys and values (ceil(length / page) pages a row, a layer), its queries and output,
+  the lengths and the page table (`kernel_bytes`);
+- `mixed_paged_gather`: the same program as XLA runs it elsewhere (GPU, CPU): the gather read
+  of every row's pages up to the longest row's window, counted op by op.
+The ratios are the figures' `ratio` and their fields `mixed_contiguous_over_min`,
+`mixed_paged_over_min` (goal <= 1.2) and `mixed_paged_gather_over_min`.
+
 `--quick`: Qwen3-0.6B shapes with 2 layers, 16 rows, a 2,048-slot cache.
 """
 
@@ -53,6 +66,7 @@ from jaxscaffold.models import qwen3
 from jaxscaffold.rollout.engine import Sampler
 
 FILLS = ((1, 8), (1, 2), (1, 1))
+PAGE = 64  # tokens a page of the paged cache (`rollout.page_size`'s default)
 GB = 1e9
 
 
@@ -82,6 +96,53 @@ def step_bytes(sampler: Sampler, params, filled: int) -> dict:
             "xla_lowered": xla, "xla_check": replica / xla - 1}
 
 
+def kernel_bytes(config, lengths: np.ndarray, page: int, table_width: int) -> int:
+    """What the TPU paged-attention kernel moves in one decode step, all layers: per layer and
+    row, the keys and values of its own ceil(length / page) pages (bf16), its queries read and
+    its output written (bf16), and the lengths and page table (int32)."""
+    c, b = config, len(lengths)
+    pages = int(np.sum(-(-lengths // page)))
+    kv = 2 * pages * page * c.num_kv_heads * c.head_dim * 2
+    q_out = 2 * b * c.num_heads * c.head_dim * 2
+    return c.num_layers * (kv + q_out + 4 * b * (table_width + 1))
+
+
+def paged_step_bytes(sampler: Sampler, params, lengths: np.ndarray) -> dict:
+    """One decode step of a paged sampler whose rows hold `lengths` tokens (the new one
+    included): the op-by-op count of the program as lowered (the gather read), and the same
+    with its read replaced by the TPU kernel's (`kernel_bytes`)."""
+    state = jax.eval_shape(sampler.init_state)
+    window = sampler.decode_window(int(lengths.max()))
+    text = sampler.lower_decode(params, state, window=window, steps=1).as_text(dialect="hlo", debug_info=True)
+    gather = hlo_bytes.bytes_accessed(text, loops=True, fusion=True)
+    outside = hlo_bytes.bytes_accessed(text, loops=True, fusion=True, skip_scope="paged_read")
+    kernel = kernel_bytes(sampler.config, lengths, sampler.backend.page_size, state.cache.table.shape[1])
+    return {"window": window, "gather": gather.total, "kernel": outside.total + kernel, "read_by_kernel": kernel,
+            "gather_read": gather.total - outside.total}
+
+
+def mixed(name: str, config, params, rows: int, capacity: int, contiguous: dict) -> None:
+    """The mixed-length batch's figures (the module docstring); `contiguous`: the windowed
+    contiguous step at the longest row's fill (its program does not depend on the others)."""
+    lengths = np.array([capacity // 8] * (rows // 2) + [capacity] * (rows - rows // 2))
+    least = min_bytes(config, params, 1, int(lengths.sum()))
+    pages = int(np.sum(-(-lengths // PAGE))) + 1
+    sampler = Sampler(config, stop_ids=(), batch_size=rows, max_len=capacity, layout="stacked", kv_cache="paged",
+                      page_size=PAGE, kv_pages=pages)
+    paged = paged_step_bytes(sampler, params, lengths)
+    common = {"model": name, "layers": config.num_layers, "rows": rows, "capacity": capacity,
+              "filled": int(lengths.mean()), "lengths": f"{rows // 2} x {capacity // 8}, {rows - rows // 2} x {capacity}",
+              "min_bytes": least, "page": PAGE}
+    for program, got, extra in (("mixed_contiguous", contiguous["bytes"], {"window": contiguous["window"]}),
+                                ("mixed_paged", paged["kernel"], {"read_by_kernel": paged["read_by_kernel"]}),
+                                ("mixed_paged_gather", paged["gather"], {"window": paged["window"],
+                                                                         "gather_read": paged["gather_read"]})):
+        REPORT.figure(f"decode_bytes {name} rows={rows} mixed {program.removeprefix('mixed_')}", got / GB, "GB",
+                      ratio=got / least, note=f"(min {least / GB:.2f} GB: half the rows at 1/8, half full)",
+                      fields={**common, "program": program, "bytes_accessed": got, f"{program}_over_min": got / least,
+                              **extra})
+
+
 def run(quick: bool = False) -> None:
     if quick:
         cases = [("qwen3-0.6b", {"num_layers": 2}, 16, 2048)]
@@ -101,6 +162,8 @@ def run(quick: bool = False) -> None:
             least = min_bytes(config, params, rows, filled)
             for program, sampler in programs.items():
                 got = step_bytes(sampler, params, filled)
+                if filled == capacity and program == "windowed":
+                    longest = got
                 dots = got["by_opcode"]["dot"]
                 top = ", ".join(f"{op} {b / GB:.2f}" for op, b in got["by_opcode"].most_common(4))
                 REPORT.figure(f"decode_bytes {name} rows={rows} fill={num}/{den} {program}", got["bytes"] / GB, "GB",
@@ -113,3 +176,4 @@ def run(quick: bool = False) -> None:
                                       "unfused_bytes": got["unfused"], "unfused_ratio": got["unfused"] / least,
                                       "xla_lowered_bytes": got["xla_lowered"],
                                       "xla_check": round(got["xla_check"], 6)})
+        mixed(name, config, params, rows, capacity, longest)

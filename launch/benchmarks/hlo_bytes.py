@@ -25,6 +25,9 @@ The changes:
   fusion's root: a dot, a reduce, an elementwise op feeding a dot, a scatter, ...) writes its
   output and reads, once each, the arrays its fused producers read. A fused producer shared
   by two roots is recomputed by each (its inputs read twice); nothing is fused into a dot.
+- `skip_scope="name"`: the ops traced under `jax.named_call(name=...)` count nothing (the
+  text must carry their names: `as_text(dialect="hlo", debug_info=True)`), for a part that
+  another kernel runs and the caller counts itself (the paged cache's read: the TPU kernel).
 What none of them model: a compiler's own choices beyond these (multi-output fusion, a dot
 fused with its softmax, a copy for a layout change on TPU's tiled layouts, a slice it does not
 fuse). The figures are a model of a fusing compile, not a compile: only one on the device
@@ -231,7 +234,19 @@ def _indexed_bytes(inst: Instruction, size) -> int | None:
     return None
 
 
-def _fused_bytes(insts: list[Instruction], counted: Counted, times: float, visit_loop) -> None:
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+def in_scope(inst: Instruction, scope: str | None) -> bool:
+    """Whether `inst` was traced under the named scope `scope` (its metadata's op_name)."""
+    if scope is None:
+        return False
+    m = _OP_NAME.search(inst.attrs)
+    return m is not None and scope in m.group(1).split("/")[:-1]
+
+
+def _fused_bytes(insts: list[Instruction], counted: Counted, times: float, visit_loop,
+                 skip_scope: str | None = None) -> None:
     """Bytes of a call-free instruction list under loop fusion: an elementwise op or view all of
     whose users are elementwise ops, views or reduces writes nothing; every other op (a
     fusion's root) writes its output and reads, once each, the arrays its fused producers
@@ -272,6 +287,8 @@ def _fused_bytes(insts: list[Instruction], counted: Counted, times: float, visit
         op = inst.opcode
         if inst.name in absorbed or op in _FREE or (op == "transpose" and _is_bitcast_transpose(inst)):
             continue
+        if in_scope(inst, skip_scope):
+            continue
         if op in _VIEWS and inst.name not in of_values:
             continue  # read in place by its consumers
         if op == "while":
@@ -288,10 +305,12 @@ def _fused_bytes(insts: list[Instruction], counted: Counted, times: float, visit
         counted.add(op, n * times)
 
 
-def bytes_accessed(text: str, *, loops: bool = False, fused: bool = False, fusion: bool = False) -> Counted:
+def bytes_accessed(text: str, *, loops: bool = False, fused: bool = False, fusion: bool = False,
+                   skip_scope: str | None = None) -> Counted:
     """Bytes accessed by the module `text` (an HLO module, as `Lowered.as_text("hlo")`), by
     XLA's cost-analysis rules, with the changes the module docstring describes: `loops`,
-    `fused` (views free) and `fusion` (loop fusion of elementwise ops, views free too)."""
+    `fused` (views free), `fusion` (loop fusion of elementwise ops, views free too) and
+    `skip_scope` (a named scope's ops count nothing)."""
     comps, entry = parse(text)
     counted = Counted()
 
@@ -303,13 +322,13 @@ def bytes_accessed(text: str, *, loops: bool = False, fused: bool = False, fusio
 
     def visit(comp: str, times: float) -> None:
         if fusion:
-            return _fused_bytes(_inline(comps, comp)[0], counted, times, visit_loop)
+            return _fused_bytes(_inline(comps, comp)[0], counted, times, visit_loop, skip_scope)
         insts = comps[comp]
         shapes = {i.name: i.shape for i in insts}
         size = lambda name: shape_bytes(shapes.get(name, ""))  # noqa: E731
         for inst in insts:
             op = inst.opcode
-            if op in _FREE or (op == "transpose" and _is_bitcast_transpose(inst)):
+            if op in _FREE or (op == "transpose" and _is_bitcast_transpose(inst)) or in_scope(inst, skip_scope):
                 continue
             if op == "call":
                 visit(attr(inst, "to_apply"), times)

@@ -70,3 +70,23 @@ def test_plan_cli_prints_json_and_exits_by_the_verdict():
     assert out.returncode == 1 and not json.loads(out.stdout.strip().splitlines()[-1])["fits"]
     out = subprocess.run(cmd + ["--config.rl.algorithm=ppo"], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 2 and out.stderr.strip().startswith("error: config.rl.algorithm='ppo'")
+
+
+def test_rows_that_fit_with_pages_and_with_contiguous_slots():
+    """The paged pool's bytes are its pages'; the rows the KV memory left holds: max_len slots a
+    contiguous row, whole pages of the filled tokens a paged row."""
+    cfg = tiny("mesh.devices=1", "rollout.kv_cache=paged", "rollout.page_size=16", "rollout.kv_pages=101")
+    p = memory_plan.plan(cfg, hbm_bytes=1e9, devices=jax.devices()[:1], compile_step=False)
+    c, max_len = model_configs.tiny(), cfg.rollout.max_len
+    token = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4  # f32 cache (tiny.py)
+    rows = cfg.rollout.tasks_per_step * cfg.rollout.group_size
+    pool = 101 * 16 * token
+    assert pool <= p.kv_cache <= pool + rows * (4 * (-(-max_len // 16) + 1) + 4 * c.vocab_size)  # tables, logits
+    assert p.kv_token_bytes == token
+    room = 1e9 - (p.rollout_peak - p.kv_cache)
+    fit = p.rows_that_fit()
+    assert fit == {"contiguous": int(room // (max_len * token)),
+                   "paged_fill_1/2": int(room // (-(-max_len // 2 // 16) * 16 * token)),
+                   "paged_fill_1/8": int(room // (-(-max_len // 8 // 16) * 16 * token))}
+    assert fit["paged_fill_1/8"] > fit["paged_fill_1/2"] > fit["contiguous"] > 0
+    assert "rows_that_fit" in p.table() and p.to_dict()["rows_that_fit"] == fit
