@@ -31,9 +31,11 @@ synchronous (lock step, staleness 0) and asynchronous (async driver, `rollout.ma
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -122,6 +124,16 @@ def steps_per_hour(elapsed_s: list[float]) -> float:
 def latency_kwargs(args, scale: float = 1.0) -> dict:
     return {"median_ms": args.latency_ms * scale, "p99_ms": args.latency_p99_ms * scale,
             "min_turns": args.turns[0], "max_turns": args.turns[1]}
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str):
+    """A temporary folder for one run's outputs, removed when the block ends (also on error)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def config(args, out_dir: str, scale: float = 1.0):
@@ -216,12 +228,17 @@ def collect(work, job, params, state: dict, *, lockstep: bool) -> Rollout:
 
 
 def rollouts(args) -> None:
+    """The three timed rollouts and their figures; the run's folder is removed at the end."""
+    with scratch_dir("bench-rollout-") as out:
+        _rollouts(args, out)
+
+
+def _rollouts(args, out: str) -> None:
     from jaxscaffold import config as config_lib
     from jaxscaffold.envs import latency
     from jaxscaffold.train.job import build_job
     from jaxscaffold.train.workloads.env_rl import EnvWorkload
 
-    out = tempfile.mkdtemp(prefix="bench-rollout-")
     cfg = config_lib.typed(config(args, out))
     job, state = build_job(cfg)
     params = job.policy_params(state.params)
@@ -317,16 +334,17 @@ def training_steps(args) -> None:
         raise Unavailable("--staleness needs rollout.max_staleness (the staleness branch), not in this checkout")
     per_hour = {}
     for name, lockstep, staleness in (("sync", True, 0), ("async", False, args.staleness)):
-        out = tempfile.mkdtemp(prefix=f"bench-steps-{name}-")
-        c = config(args, out)
-        c.steps = args.steps
-        c.checkpoint.every = args.steps + 1
-        c.memory.check_at_start = False
-        c.rollout.max_staleness = staleness
-        if "lockstep" in fields:
-            c.rollout.lockstep = lockstep
-        train(c)
-        rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+        with scratch_dir(f"bench-steps-{name}-") as out:
+            c = config(args, out)
+            c.steps = args.steps
+            c.checkpoint.every = args.steps + 1
+            c.memory.check_at_start = False
+            c.rollout.max_staleness = staleness
+            if "lockstep" in fields:
+                c.rollout.lockstep = lockstep
+            train(c)
+            with open(os.path.join(out, "metrics.jsonl")) as f:
+                rows = [json.loads(line) for line in f]
         per_hour[name] = steps_per_hour([r["time/elapsed_s"] for r in rows if r.get("step", 0) >= 1])
     REPORT.figure("steps_per_hour_sync", per_hour["sync"], "steps/h")
     REPORT.figure("steps_per_hour_async", per_hour["async"], "steps/h", per_hour["async"] / per_hour["sync"],
