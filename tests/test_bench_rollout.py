@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -73,12 +74,38 @@ def test_staleness_without_the_option_is_refused_in_one_line():
                                                    "(the staleness branch), not in this checkout")
 
 
+def test_no_run_folder_is_left_behind_also_on_error(tmp_path, monkeypatch):
+    """The rollouts and the training steps each run in a temporary folder; a run that fails
+    (here its config: no tokens a turn) removes it too."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    made, original = [], rollout.config
+
+    def no_tokens(args, out_dir, scale=1.0):
+        made.append(out_dir)
+        c = original(args, out_dir, scale)
+        c.rollout.max_new_tokens = 0
+        return c
+
+    monkeypatch.setattr(rollout, "config", no_tokens)
+    with pytest.raises(config_lib.ConfigError, match="max_new_tokens"):
+        rollout.rollouts(rollout.parse_args([]))
+    with pytest.raises(config_lib.ConfigError, match="max_new_tokens"):
+        rollout.training_steps(rollout.parse_args(["--staleness", "1", "--steps", "2"]))
+    assert [os.path.basename(p).split("-")[1] for p in made] == ["rollout", "steps"]
+    assert all(os.path.dirname(p) == str(tmp_path) for p in made)
+    assert list(tmp_path.iterdir()) == []
+    with rollout.scratch_dir("bench-x-") as path:
+        assert os.path.isdir(path)
+    assert not os.path.exists(path)
+
+
 @pytest.mark.slow
-def test_a_short_run_prints_every_figure():
+def test_a_short_run_prints_every_figure(tmp_path):
     out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "bench.py"), "rollout", "--quick", "--json",
                           "--workers", "2"], capture_output=True, text=True, timeout=900,
-                         env={**os.environ, "PYTHONPATH": ROOT})
+                         env={**os.environ, "PYTHONPATH": ROOT, "TMPDIR": str(tmp_path)})
     assert out.returncode == 0, out.stderr[-3000:]
+    assert not list(tmp_path.glob("bench-*"))  # the run's folder is removed
     figures = {f["name"]: f for f in map(json.loads, out.stdout.splitlines())}
     lock, bound = figures["lockstep_s"], figures["bound_s"]
     assert lock["episodes"] == 8 and lock["failures"] == 0 and 1 <= lock["lockstep_turns"] <= 3

@@ -68,6 +68,11 @@ class Agent(Protocol):
     def observe(self, episodes: Sequence[Episode], seen: Mapping[int, Seen]) -> set[int]:
         """The next observations of the episodes that go on; returns those with no room left."""
 
+    def prefill(self, episodes: Sequence[Episode], first: Mapping[int, Seen],
+                seen: Mapping[int, Seen]) -> tuple[dict[int, str], set[int]]:
+        """`start(first)` and `observe(seen)` in one call (the model: one batched prefill);
+        returns both answers (asynchronous driver)."""
+
     def release(self, episodes: Sequence[Episode], i: int) -> None:
         """Episode `i` has ended: attach what the agent recorded and free its place."""
 
@@ -134,7 +139,22 @@ class ModelAgent:
         return slot
 
     def start(self, episodes, first):
-        failures, prompts = {}, {}
+        return self.prefill(episodes, first, {})[0]
+
+    def observe(self, episodes, seen):
+        return self.prefill(episodes, {}, seen)[1]
+
+    def prefill(self, episodes, first, seen):
+        prompts = {}  # slot -> the ids to prefill: first prompts and observations, one sampler call
+        failures = self._first_prompts(episodes, first, prompts)
+        full = self._next_prompts(episodes, seen, prompts)
+        if prompts:
+            self.mt.extend(self.params, prompts)
+            jax.block_until_ready(self.mt.state)  # the prefill's time is its own, not the next decode's
+        return failures, full
+
+    def _first_prompts(self, episodes, first, prompts) -> dict[int, str]:
+        failures = {}
         for i, seen in first.items():
             ep = episodes[i]
             # Envs with per-task instructions (BFCL's function docs, tau2's policy and tools)
@@ -150,9 +170,6 @@ class ModelAgent:
                                f"{self.cfg.max_new_tokens} new tokens in max_len {self.sampler.max_len}")
                 continue
             prompts[self._take_slot(i)] = ids
-        if prompts:
-            self.mt.extend(self.params, prompts)
-            jax.block_until_ready(self.mt.state)  # the prefill's time is its own, not the next decode's
         return failures
 
     def act(self, live, turn):
@@ -185,8 +202,8 @@ class ModelAgent:
             out[i] = self.tokenizer.decode([t for t in gen.tokens if t not in eos])
         return out
 
-    def observe(self, episodes, seen):
-        full, prompts = set(), {}
+    def _next_prompts(self, episodes, seen, prompts) -> set[int]:
+        full, mine = set(), {}
         for i, s in seen.items():
             slot = self.slot_of[i]
             ids, room = self.representation.next_prompt(self.mt, slot, episodes[i], self.systems[i], s.text,
@@ -194,15 +211,13 @@ class ModelAgent:
             if len(ids) + self.cfg.max_new_tokens > room:
                 full.add(i)  # no room for another turn
                 continue
-            prompts[i] = ids
+            mine[i] = ids
         # This turn's rows are complete (step-wise): free their slots for the new prompts.
-        episode_of = {self.slot_of[i]: i for i in prompts}
-        closed = self.representation.close_turns(self.mt, [self.slot_of[i] for i in prompts])
+        episode_of = {self.slot_of[i]: i for i in mine}
+        closed = self.representation.close_turns(self.mt, [self.slot_of[i] for i in mine])
         for slot, conv in closed.items():
             episodes[episode_of[slot]].rows.append(conv)
-        if prompts:
-            self.mt.extend(self.params, {self.slot_of[i]: ids for i, ids in prompts.items()})
-            jax.block_until_ready(self.mt.state)
+        prompts.update({self.slot_of[i]: ids for i, ids in mine.items()})
         return full
 
     def release(self, episodes, i):
@@ -247,6 +262,9 @@ class ScriptedAgent(abc.ABC):
     def observe(self, episodes, seen):
         self.last.update({i: s.observation for i, s in seen.items()})
         return set()
+
+    def prefill(self, episodes, first, seen):
+        return self.start(episodes, first), self.observe(episodes, seen)
 
     def release(self, episodes, i):
         self.last.pop(i, None)

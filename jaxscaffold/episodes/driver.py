@@ -7,9 +7,10 @@
 Asynchronous (the default), each episode advances on its own: resets run ahead and in
 parallel (the pool's `submit_reset`); an episode whose env has reset takes a free place of the
 agent (a sampler slot) and starts decoding; the agent decodes every ready row `decode_chunk`
-tokens at a time, and a turn that ends goes to its env at once; an observation that comes
-back is prefilled and its row joins the next chunk; a finished episode frees its place for
-the next pending one. So a call may hold more episodes than the agent has places (a whole
+tokens at a time, and a turn that ends goes to its env at once; the observations that came
+back and the first prompts of newly admitted episodes are prefilled together (one sampler call
+an iteration) and their rows join the next chunk; a finished episode frees its place for the
+next pending one. So a call may hold more episodes than the agent has places (a whole
 training step, an evaluation). Lock step (`lockstep=True`, the reference) decodes every live
 episode, then steps every env, then prefills every observation, turn after turn.
 
@@ -217,51 +218,23 @@ def _asynchronous(agent, envs, episodes, planned, rollout, max_turns, feedback, 
     chunk_s, step_s = 0.0, None  # running estimates: a decode chunk's and an env step's seconds
     submit_resets()
     while to_reset or waiting or sent or decoding:
-        # Admit reset episodes into free places (one batched prefill), in index order.
-        free = capacity - len(admitted)
-        if waiting and free > 0:
-            waiting.sort(key=lambda x: x[0])
-            batch, waiting = dict(waiting[:free]), waiting[free:]
-            admitted.update(batch)
-            with timings.accelerator("prefill"):
-                failed = agent.start(episodes, batch)
-            for i in batch:
-                if i in failed:
-                    episodes[i].failure = failed[i]
-                    end(i)
-                elif max_turns <= 0:
-                    episodes[i].truncated = True
-                    end(i)
-                else:
-                    decoding[i] = 0
-            submit_resets()
-        # One decode chunk of every ready row; the turns that ended go to their envs.
-        if decoding:
-            t0 = time.perf_counter()
-            with timings.accelerator("decode"):
-                actions = agent.decode(dict(decoding), decode_chunk)
-            chunk_s = _ema(chunk_s, time.perf_counter() - t0)
-            for i, text in actions.items():
-                del decoding[i]
-                sent[i] = (time.perf_counter(), text)
-                env.submit_step(i, text)
-        # Whatever the envs answered: wait for one when nothing can decode, else take what is
-        # there, waiting only for steps expected back within half a chunk (fast envs: rows that
-        # ended a turn together rejoin together instead of decoding in scattered chunks).
-        now = time.perf_counter()
-        soon = [when + step_s for when, action in sent.values()
-                if action is not None and step_s is not None and when + step_s <= now + chunk_s / 2]
-        wait_s = None if not decoding else max(0.0, max(soon, default=now) - now)
-        answers = env.poll(wait_s)
-        # Answers polled after a decode chunk may have waited through it: only those that came
-        # while the driver waited time an env step well.
-        timed = set(answers) if wait_s != 0.0 else set()
-        while soon and len(answers) < len(soon) and time.perf_counter() < max(soon):
-            more = env.poll(max(0.0, max(soon) - time.perf_counter()))
-            if not more:
-                break
-            answers.update(more)
-            timed.update(more)
+        # 1. Whatever the envs answered: all there is now when rows can decode; else wait for
+        # one, then for the steps expected back within half a chunk (rows that ended a turn
+        # together rejoin together instead of scattering over chunks that each serve few rows).
+        answers, timed = {}, set()
+        if sent:
+            wait_s = 0.0 if decoding else None
+            answers = env.poll(wait_s)
+            timed = set(answers) if wait_s is None else set()  # polled answers may have waited out a chunk
+            now = time.perf_counter()
+            soon = [when + step_s for when, action in sent.values()
+                    if action is not None and step_s is not None and when + step_s <= now + chunk_s / 2]
+            while not decoding and soon and len(answers) < len(soon) and time.perf_counter() < max(soon):
+                more = env.poll(max(0.0, max(soon) - time.perf_counter()))
+                if not more:
+                    break
+                answers.update(more)
+                timed.update(more)
         now = time.perf_counter()
         nxt = {}
         for i in sorted(answers):
@@ -281,9 +254,25 @@ def _asynchronous(agent, envs, episodes, planned, rollout, max_turns, feedback, 
                 nxt[i] = _seen(episodes, rollout, feedback, i, res.observation)
             else:
                 end(i)
-        if nxt:
+        # 2. One prefill: reset episodes admitted into free places (in index order) and the
+        # observations that came back.
+        free, first = capacity - len(admitted), {}
+        if waiting and free > 0:
+            waiting.sort(key=lambda x: x[0])
+            first, waiting = dict(waiting[:free]), waiting[free:]
+            admitted.update(first)
+        if first or nxt:
             with timings.accelerator("prefill"):
-                full = agent.observe(episodes, nxt)
+                failed, full = agent.prefill(episodes, first, nxt)
+            for i in first:
+                if i in failed:
+                    episodes[i].failure = failed[i]
+                    end(i)
+                elif max_turns <= 0:
+                    episodes[i].truncated = True
+                    end(i)
+                else:
+                    decoding[i] = 0
             for i in nxt:
                 if i in full or len(episodes[i].actions) >= max_turns:
                     episodes[i].truncated = True
@@ -291,6 +280,16 @@ def _asynchronous(agent, envs, episodes, planned, rollout, max_turns, feedback, 
                 else:
                     decoding[i] = len(episodes[i].actions)
         submit_resets()
+        # 3. One decode chunk of every ready row; the turns that ended go to their envs.
+        if decoding:
+            t0 = time.perf_counter()
+            with timings.accelerator("decode"):
+                actions = agent.decode(dict(decoding), decode_chunk)
+            chunk_s = _ema(chunk_s, time.perf_counter() - t0)
+            for i, text in actions.items():
+                del decoding[i]
+                sent[i] = (time.perf_counter(), text)
+                env.submit_step(i, text)
 
 
 def complete(params, sampler: Sampler, tokenizer: Tokenizer, prompts: Sequence[Sequence[int]], *,

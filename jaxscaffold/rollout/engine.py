@@ -23,6 +23,10 @@ returns them when it is released, so rows hold what they fill. A decode row that
 page for its next token ends its turn with finish_reason "pages" (counted in
 `rows_out_of_pages`); an `extend` the pool cannot hold raises ContextOverflow.
 
+A call that serves few of the slots (a returning observation, a few rows still decoding)
+runs on those rows alone (`row_buckets`): they are gathered into a smaller batch, run, and
+written back, so its cost follows its rows, not the slots.
+
 Sampling keys are per row and per position: the token at absolute position p of a row with
 seed s is drawn with `fold_in(key(s), p)`, so a row is reproducible from its seed whatever
 slot or batch it runs in.
@@ -167,6 +171,29 @@ def _decode(params, state: SamplerState, seeds_B, active_B, max_new_B, *, progra
     return programs.constrain(state), (toks, lp, slp, n, stopped)
 
 
+def _map_rows(fn, state: SamplerState, *more: SamplerState) -> SamplerState:
+    """`fn(x, *ys, axis=...)` on every array of the state, with the axis that holds its rows
+    (a per-layer cache's buffers: 0; a stacked cache's: 1, after the layers)."""
+    kv_axis = 0 if isinstance(state.cache.k, (tuple, list)) else 1
+    def each(get, axis):
+        return jax.tree.map(lambda x, *ys: fn(x, *ys, axis=axis), get(state), *map(get, more))
+    cache = qwen3.KVCache(k=each(lambda s: s.cache.k, kv_axis), v=each(lambda s: s.cache.v, kv_axis),
+                          segment_ids=each(lambda s: s.cache.segment_ids, 0), lengths=each(lambda s: s.cache.lengths, 0))
+    return SamplerState(cache=cache, logits_BV=each(lambda s: s.logits_BV, 0))
+
+
+@compiler.jit
+def _take_rows(state: SamplerState, rows_R) -> SamplerState:
+    """The rows `rows_R` of the state as a batch of their own (an index past the slots: an empty row)."""
+    return _map_rows(lambda x, axis: jnp.take(x, rows_R, axis=axis, mode="fill", fill_value=0), state)
+
+
+@functools.partial(compiler.jit, donate_argnames=("state",))
+def _put_rows(state: SamplerState, rows: SamplerState, rows_R) -> SamplerState:
+    """`state` with `rows` (from `_take_rows`) written back (rows past the slots dropped)."""
+    return _map_rows(lambda x, y, axis: x.at[(slice(None),) * axis + (rows_R,)].set(y, mode="drop"), state, rows)
+
+
 class Sampler:
     """Jitted prefill and decode over a fixed set of cache slots.
 
@@ -196,6 +223,10 @@ class Sampler:
         `max_len`), pages taken as rows grow.
       backend: a `jaxscaffold.backends` backend to decode with instead of the one `layout`
         and `kv_cache` choose (a test runs the TPU backend's kernels on CPU this way).
+      row_buckets: batch sizes a call that serves few slots runs at (its rows gathered, run,
+        written back); the last is batch_size, the whole batch in place. Default on an
+        unsharded per_layer (CPU) sampler: 8, 16, 32, ... below batch_size (measured there:
+        a call's cost follows its batch); else `(batch_size,)`, every call on all slots.
 
     Parameters: pass `prepare(params)` (once per parameter update); stacked parameters
     also work, converted inside every call (a copy of the weights each time).
@@ -208,7 +239,7 @@ class Sampler:
                  decode_buckets: Sequence[int] | None = None,
                  layout: str = "auto", column_blocks: int | None = None,
                  window_buckets: Sequence[int] | None = None, kv_cache: str = "contiguous",
-                 page_size: int = 64, kv_pages: int = 0, backend=None):
+                 page_size: int = 64, kv_pages: int = 0, backend=None, row_buckets: Sequence[int] | None = None):
         if config.is_embedding:
             raise ValueError("an embedding model cannot generate")
         self.config, self.batch_size, self.max_len = config, batch_size, max_len
@@ -237,6 +268,13 @@ class Sampler:
             self.kv_pages = kv_pages or self.backend.pages_for(batch_size, max_len)
             self.page_table = self._new_page_table()
         self.rows_out_of_pages = 0  # decode rows ended for want of a page (finish_reason "pages")
+        if row_buckets is None:
+            row_buckets = buckets.ladder(8, batch_size) if mesh is None and self.layout == "per_layer" else (batch_size,)
+        self.row_buckets = tuple(row_buckets)
+        if self.row_buckets[-1] != batch_size or list(self.row_buckets) != sorted(set(self.row_buckets)):
+            raise ValueError(f"row_buckets {self.row_buckets}: increasing, the last one batch_size={batch_size}")
+        if self.paged and self.row_buckets != (batch_size,):  # page tables are kept by slot
+            raise ValueError(f"row_buckets {self.row_buckets}: a paged sampler runs every call on all slots")
         self.programs = Programs(config, sampling, tuple(int(i) for i in self.stop_ids), self.backend, mesh, rules)
 
     # ---------------------------------------------------------------- state
@@ -290,6 +328,21 @@ class Sampler:
         table = jnp.asarray(table) if shardings is None else jax.device_put(table, shardings.cache.table)
         return SamplerState(cache=state.cache._replace(table=table), logits_BV=state.logits_BV)
 
+    def _on_rows(self, state: SamplerState, slots: Sequence[int], lengths: np.ndarray, run):
+        """`run(state, slots, lengths)` on the fewest rows that hold `slots`: the whole state
+        when their row bucket is the batch, else a batch of those rows gathered (slot i of it:
+        slots[i]) and written back. Returns (the new state, what `run` returned besides it)."""
+        rows = _bucket(max(len(slots), 1), self.row_buckets, "a row count")
+        if rows >= self.batch_size:
+            return run(state, list(slots), lengths)
+        index = np.full(rows, self.batch_size, np.int32)  # past the slots: padding rows, empty
+        index[:len(slots)] = slots
+        sub_lengths = np.zeros(rows, lengths.dtype)
+        sub_lengths[:len(slots)] = lengths[list(slots)]
+        index = jnp.asarray(index)
+        sub, out = run(_take_rows(state, index), list(range(len(slots))), sub_lengths)
+        return _put_rows(state, sub, index), out
+
     def _window(self, needed: int, buckets: Sequence[int]) -> int:
         """The cache prefix a call attends over (a windowed backend's): the bucket holding
         `needed` slots, so a decode step reads the filled part of the cache, not the whole
@@ -337,15 +390,21 @@ class Sampler:
         if self.paged:
             self._take_pages({slot: (int(lengths[slot]), len(toks)) for slot, toks in tokens.items()})
         width = _bucket(longest, self.prefill_buckets, "a prefill")
-        ids = np.zeros((self.batch_size, width), np.int32)
-        seg = np.zeros((self.batch_size, width), np.int32)
-        for slot, toks in tokens.items():
-            ids[slot, : len(toks)] = toks
-            seg[slot, : len(toks)] = 1
         window = self._window(max(int(lengths[slot]) + len(toks) for slot, toks in tokens.items()),
                               self.prefill_window_buckets)
-        return _prefill(params, self._with_table(state), self._put(ids), self._put(seg), programs=self.programs,
-                        window=window)
+        rows = list(tokens.values())
+
+        def run(state, slots, lengths):
+            batch = state.logits_BV.shape[0]
+            ids = np.zeros((batch, width), np.int32)
+            seg = np.zeros((batch, width), np.int32)
+            for slot, toks in zip(slots, rows):
+                ids[slot, : len(toks)] = toks
+                seg[slot, : len(toks)] = 1
+            return _prefill(params, self._with_table(state), self._put(ids), self._put(seg), programs=self.programs,
+                            window=window), None
+
+        return self._on_rows(state, list(tokens), np.asarray(lengths), run)[0]
 
     def _take_pages(self, grow: Mapping[int, tuple[int, int]]) -> None:
         """Pages for each slot (held tokens, new tokens) to hold both, or none taken and
@@ -378,11 +437,21 @@ class Sampler:
         in the next window. Sampling keys depend on positions only, so chunking changes no token.
         """
         lengths = np.array(self.lengths(state) if lengths is None else lengths, np.int64)
-        remaining = np.zeros(self.batch_size, np.int64)
-        row_seeds = np.zeros(self.batch_size, np.uint32)
         budgets = [max_new_tokens] * len(slots) if np.ndim(max_new_tokens) == 0 else list(max_new_tokens)
         if len(budgets) != len(slots):
             raise ValueError(f"{len(budgets)} token budgets for {len(slots)} slots")
+        state, out = self._on_rows(state, list(slots), lengths,
+                                   lambda state, rows, lengths: self._generate(params, state, rows, budgets, seeds,
+                                                                               lengths))
+        return state, dict(zip(slots, out.values()))
+
+    def _generate(self, params, state: SamplerState, slots: Sequence[int], budgets: Sequence[int],
+                  seeds: Sequence[int], lengths: np.ndarray) -> tuple[SamplerState, dict[int, Generation]]:
+        """`generate` on the rows of `state` (all slots, or a batch of gathered rows)."""
+        batch = state.logits_BV.shape[0]
+        lengths = np.array(lengths, np.int64)
+        remaining = np.zeros(batch, np.int64)
+        row_seeds = np.zeros(batch, np.uint32)
         for slot, seed, budget in zip(slots, seeds, budgets):
             remaining[slot] = max(0, min(int(budget), self.max_len - 1 - int(lengths[slot])))
             row_seeds[slot] = np.uint32(seed % 2**32)
@@ -393,8 +462,8 @@ class Sampler:
         out_of_pages = set()
         while going:
             window = self.decode_window(max(int(lengths[slot]) for slot in going) + 1)
-            active = np.zeros(self.batch_size, bool)
-            max_new = np.zeros(self.batch_size, np.int32)
+            active = np.zeros(batch, bool)
+            max_new = np.zeros(batch, np.int32)
             for slot in going:
                 active[slot], max_new[slot] = True, min(remaining[slot], window - lengths[slot])
             if self.paged:

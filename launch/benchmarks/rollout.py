@@ -31,9 +31,11 @@ synchronous (lock step, staleness 0) and asynchronous (async driver, `rollout.ma
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -124,6 +126,16 @@ def latency_kwargs(args, scale: float = 1.0) -> dict:
             "min_turns": args.turns[0], "max_turns": args.turns[1]}
 
 
+@contextlib.contextmanager
+def scratch_dir(prefix: str):
+    """A temporary folder for one run's outputs, removed when the block ends (also on error)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def config(args, out_dir: str, scale: float = 1.0):
     """The run's config: a tiny random Qwen3 (the real vocabulary), one step of `rows` episodes."""
     from jaxscaffold import config as config_lib
@@ -171,6 +183,7 @@ class Rollout:
     wall_s: float
     episodes: list
     stats: dict
+    compile_s: float = 0.0  # of wall_s: XLA compiling programs this run met first
 
     @property
     def turns(self) -> int:
@@ -207,21 +220,50 @@ def own_seconds_per_call(calls: list[tuple[float, int]], workers: int) -> float:
     return sum(dt * min(workers, n) for dt, n in calls) / episodes if episodes else 0.0
 
 
+class CompileSeconds:
+    """Seconds XLA spends compiling while the block runs (JAX's backend-compile events)."""
+
+    EVENT = "/jax/core/compile/backend_compile_duration"
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def __call__(self, event: str, duration_s: float, **_) -> None:
+        if event == self.EVENT:
+            self.seconds += duration_s
+
+    def __enter__(self) -> "CompileSeconds":
+        import jax.monitoring
+        jax.monitoring.register_event_duration_secs_listener(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import jax.monitoring
+        jax.monitoring.unregister_event_duration_listener(self)
+
+
 def collect(work, job, params, state: dict, *, lockstep: bool) -> Rollout:
     """One step's rollouts from the workload's saved task-stream state (the same tasks each time)."""
     work.set_state(state)
-    t = time.perf_counter()
-    episodes, stats = work.collect(with_driver(job, lockstep), params, 1)
-    return Rollout(time.perf_counter() - t, episodes, stats)
+    with CompileSeconds() as compiling:
+        t = time.perf_counter()
+        episodes, stats = work.collect(with_driver(job, lockstep), params, 1)
+        wall = time.perf_counter() - t
+    return Rollout(wall, episodes, stats, compiling.seconds)
 
 
 def rollouts(args) -> None:
+    """The three timed rollouts and their figures; the run's folder is removed at the end."""
+    with scratch_dir("bench-rollout-") as out:
+        _rollouts(args, out)
+
+
+def _rollouts(args, out: str) -> None:
     from jaxscaffold import config as config_lib
     from jaxscaffold.envs import latency
     from jaxscaffold.train.job import build_job
     from jaxscaffold.train.workloads.env_rl import EnvWorkload
 
-    out = tempfile.mkdtemp(prefix="bench-rollout-")
     cfg = config_lib.typed(config(args, out))
     job, state = build_job(cfg)
     params = job.policy_params(state.params)
@@ -245,9 +287,15 @@ def rollouts(args) -> None:
                 collect(zero, job, params, start, lockstep=lockstep)
             free = {name: collect(zero, job, params, start, lockstep=lockstep) for name, lockstep in drivers.items()}
             work.envs.reset(latency.catalogue("train", args.rows))  # starts the workers' envs
-        else:
-            for lockstep in drivers.values():  # compiles, and starts every env (JVMs)
+            # Once more with the envs' latencies, untimed: the shapes this schedule meets (which
+            # rows share a call, their windows) differ from the zero-latency runs', and the timed
+            # runs should measure steady state, not compiling (each run's `compile_s` says what is left).
+            for lockstep in drivers.values():
                 collect(work, job, params, start, lockstep=lockstep)
+        else:
+            for _ in range(2):  # compiles, and starts every env (JVMs); then the shapes the schedule meets
+                for lockstep in drivers.values():
+                    collect(work, job, params, start, lockstep=lockstep)
         pool, clock = work.envs, TimedCalls(work.envs)
         work.envs = clock  # the lock-step run's env calls, timed (the bound's env seconds on sciworld)
         try:
@@ -280,14 +328,14 @@ def rollouts(args) -> None:
     failures = sum(e.failure is not None for r in runs.values() for e in r.episodes)
     info = {"episodes": len(lock.episodes), "failures": failures, "lockstep_turns": lock.turns,
             "mean_turns": statistics.mean(len(e.actions) for e in lock.episodes),
-            **split(lock.stats)}
+            **split(lock.stats), "compile_s": round(lock.compile_s, 3)}
     REPORT.figure("lockstep_s", lock.wall_s, "s", fields=info)
     REPORT.figure("bound_s", bound, "s", fields={"decode_s": round(decode, 3), "longest_chain_s": round(max(chains), 3),
                                                 "turn_s": round(turn, 4)})
     if "async" in runs:
         a = runs["async"]
         r = ratios(lock.wall_s, a.wall_s, bound)
-        REPORT.figure("async_s", a.wall_s, "s", fields={**split(a.stats),
+        REPORT.figure("async_s", a.wall_s, "s", fields={**split(a.stats), "compile_s": round(a.compile_s, 3),
                                                         "same_actions": same_actions(lock.episodes, a.episodes)})
         REPORT.figure("async_over_lockstep", r["async_over_lockstep"], "ratio", note="goal <= 0.4")
         REPORT.figure("async_over_bound", r["async_over_bound"], "ratio", note="goal <= 1.25")
@@ -317,16 +365,17 @@ def training_steps(args) -> None:
         raise Unavailable("--staleness needs rollout.max_staleness (the staleness branch), not in this checkout")
     per_hour = {}
     for name, lockstep, staleness in (("sync", True, 0), ("async", False, args.staleness)):
-        out = tempfile.mkdtemp(prefix=f"bench-steps-{name}-")
-        c = config(args, out)
-        c.steps = args.steps
-        c.checkpoint.every = args.steps + 1
-        c.memory.check_at_start = False
-        c.rollout.max_staleness = staleness
-        if "lockstep" in fields:
-            c.rollout.lockstep = lockstep
-        train(c)
-        rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+        with scratch_dir(f"bench-steps-{name}-") as out:
+            c = config(args, out)
+            c.steps = args.steps
+            c.checkpoint.every = args.steps + 1
+            c.memory.check_at_start = False
+            c.rollout.max_staleness = staleness
+            if "lockstep" in fields:
+                c.rollout.lockstep = lockstep
+            train(c)
+            with open(os.path.join(out, "metrics.jsonl")) as f:
+                rows = [json.loads(line) for line in f]
         per_hour[name] = steps_per_hour([r["time/elapsed_s"] for r in rows if r.get("step", 0) >= 1])
     REPORT.figure("steps_per_hour_sync", per_hour["sync"], "steps/h")
     REPORT.figure("steps_per_hour_async", per_hour["async"], "steps/h", per_hour["async"] / per_hour["sync"],

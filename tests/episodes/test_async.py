@@ -151,3 +151,37 @@ def test_episodes_overlap_their_env_time_and_the_timings_say_so():
     assert 0.0 <= t.idle_share <= 1.0 and t.busy_s <= t.wall_s
     s = t.stats()
     assert set(s) == {"time/decode_s", "time/prefill_s", "time/env_s", "time/rollout_idle_share"}
+
+
+class _CountingGold(GoldAgent):
+    """The gold agent with two places, recording each prefill's (first prompts, observations)."""
+
+    capacity = 2
+
+    def __init__(self):
+        super().__init__()
+        self.prefills, self.decodes = [], 0
+
+    def prefill(self, episodes, first, seen):
+        self.prefills.append((sorted(first), sorted(seen)))
+        return super().prefill(episodes, first, seen)
+
+    def decode(self, turns, chunk):
+        self.decodes += 1
+        return super().decode(turns, chunk)
+
+
+def test_one_prefill_an_iteration_takes_new_episodes_with_the_observations():
+    """5 gold episodes through 2 places: every iteration prefills once, before its decode
+    chunk, and an episode admitted into a freed place shares that prefill with the
+    observations that came back; the episodes are the lock-step ones."""
+    tasks = _rooms(5, 1)
+    local = LocalEnvs({"rooms": registry.factory("rooms")})
+    agent = _CountingGold()
+    eps = run_episodes(agent, local, tasks, max_turns=14)
+    reference = run_episodes(GoldAgent(), local, tasks, max_turns=14, lockstep=True)
+    assert [_key(e) for e in eps] == [_key(e) for e in reference]
+    assert all(e.won for e in eps)
+    assert sorted(i for first, _ in agent.prefills for i in first) == list(range(5))  # each admitted once
+    assert len(agent.prefills) <= agent.decodes  # never two prefills without a decode between
+    assert any(first and seen for first, seen in agent.prefills)  # admissions joined observations
