@@ -74,7 +74,7 @@ def _run_loop(n, out):
     """(final parameters, each process's runs) of `n` processes of the loop worker; a run:
     {"history", "ran", "lora": {"history", "adapters" (process 0)}, "dapo" (n > 1)}."""
     os.makedirs(out, exist_ok=True)
-    _start(LOOP_WORKER, n, out, exact=True, timeout=900)  # full, LoRA and (n > 1) DAPO runs
+    _start(LOOP_WORKER, n, out, exact=True, timeout=1200)  # full, LoRA and (n > 1) DAPO runs
     runs = [json.load(open(os.path.join(out, f"process{i}.json"))) for i in range(n)]
     for i, run in enumerate(runs):
         run["lora"] = json.load(open(os.path.join(out, f"process{i}_lora.json")))
