@@ -11,7 +11,7 @@ import pytest
 
 from jaxscaffold.rl import losses
 from tests.rl import numpy_reference as ref
-from tests.rl.test_losses import ADV, AGG_CONSTANT, MASK, PPO_LOG_RATIO
+from tests.rl.test_losses import ADV, AGG_CONSTANT, MASK, PPO_LOG_RATIO, algo
 
 LO, HI = 0.8, 1.3
 
@@ -67,8 +67,8 @@ def test_mis_loss_gradient_and_metrics_match_reference(mode, agg):
     correction = losses.Correction(mis=mode, mis_lo=LO, mis_hi=HI)
 
     def f(x):
-        return losses.policy_loss(x, jnp.asarray(old, jnp.float32), ADV, MASK, loss_mode="ppo", clip_low=0.2,
-                                  clip_high=0.28, clip_c=3.0, agg=agg, correction=correction)
+        return losses.policy_loss(x, jnp.asarray(old, jnp.float32), ADV, MASK, algo(loss_mode="ppo", clip_low=0.2,
+                                  clip_high=0.28, clip_c=3.0, agg=agg, correction=correction))
 
     (loss, metrics), grad = jax.value_and_grad(f, has_aux=True)(jnp.asarray(logp, jnp.float32))
     keep = ref_keep(logp - old, MASK, mode, LO, HI)
@@ -90,7 +90,7 @@ def test_mis_with_recomputed_old_logprobs_tests_old_over_sampler():
     sampler = np.where(MASK > 0, logp - PPO_LOG_RATIO, 0.0)
     correction = losses.Correction(mis="token", mis_lo=LO, mis_hi=HI)
     loss, metrics = losses.policy_loss(jnp.asarray(logp, jnp.float32), jnp.asarray(logp, jnp.float32), ADV, MASK,
-                                       clip_c=3.0, clip_high=0.28, agg="token-mean", correction=correction,
+                                       algo(clip_c=3.0, clip_high=0.28, agg="token-mean", correction=correction),
                                        sampler_logp_BT=jnp.asarray(sampler, jnp.float32))
     keep = ref_keep(logp - sampler, MASK, "token", LO, HI)
     ref_loss, _ = ref_mis_loss(logp, logp, ADV, MASK, keep, "token-mean")
@@ -101,8 +101,8 @@ def test_mis_with_recomputed_old_logprobs_tests_old_over_sampler():
 def test_mis_off_is_the_uncorrected_loss_and_bad_settings_are_errors():
     logp, old = batch()
     args = (jnp.asarray(logp, jnp.float32), jnp.asarray(old, jnp.float32), ADV, MASK)
-    plain, m0 = losses.policy_loss(*args)
-    off, m1 = losses.policy_loss(*args, correction=losses.Correction(mis="off"))
+    plain, m0 = losses.policy_loss(*args, algo())
+    off, m1 = losses.policy_loss(*args, algo(correction=losses.Correction(mis="off")))
     assert float(plain) == float(off) and set(m0) == set(m1) and "mis_masked" not in m1
     with pytest.raises(ValueError, match="mis"):
         losses.Correction(mis="tokens")
