@@ -45,6 +45,7 @@ def get_config() -> ConfigDict:
     c.rl.mis = "off"  # masked importance sampling: off | token | sequence: mask tokens (or whole rows, geometric-mean ratio) whose ratio pi / pi_sampler leaves [mis_lo, mis_hi]
     c.rl.mis_lo = 0.5  # MIS: the lowest ratio kept
     c.rl.mis_hi = 2.0  # MIS: the highest ratio kept
+    c.rl.mis_denominator = "all"  # MIS: all (a masked token still counts in the aggregation's denominators: the step shrinks with what is masked) | kept (verl: masked tokens leave the counts; needs rl.recompute_old_logprobs)
     c.rl.dynamic_sampling_exhausted = "continue"  # DAPO after max_num_gen_batches: continue (train on the groups collected, as the reference) | raise
     c.rl.overlong_buffer = 0  # DAPO's overlong length penalty over the last this-many tokens of a turn's budget (DAPO paper: e.g. 512); 0: off, as the reference's DAPO
     c.rl.group_stats = "trajectory"  # step-wise rows: a group's mean/std counts each trajectory once ("trajectory") or every step row ("row": verl-agent, the reference)
@@ -64,6 +65,7 @@ def get_config() -> ConfigDict:
     c.rollout.history_window = 2  # stepwise: (observation, action) steps shown in each rebuilt prompt
     c.rollout.sampler_devices = 0  # devices a host samples on, tensor parallel (0: all of its devices of the training mesh; 1: one device, unsharded on one process)
     c.rollout.max_staleness = 0  # k > 0: a background collector samples up to k steps ahead of training (step t with the policy after step t - 1 - k); rows more than k versions old are dropped (0: on-policy, collect then train)
+    c.rollout.partial = False  # with max_staleness >= 1: episodes running when the trainer publishes a newer policy continue under it from the next decode chunk (each token keeps the version that sampled it; the KV cache of earlier tokens is kept); False: an episode is sampled by one version
     c.rollout.max_rows_in_flight = 0  # sampler rows at once: the step's groups in waves of whole groups (0: all at once; a memory knob, the KV cache scales with it)
     c.rollout.lockstep = False  # True: all episodes step together turn by turn (the reference); False: each episode advances on its own
     c.rollout.decode_chunk = 16  # asynchronous rollouts: tokens each ready row decodes before observations and new episodes join

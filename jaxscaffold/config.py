@@ -79,6 +79,7 @@ class RL:
     mis: Literal["off", "token", "sequence"] = "off"
     mis_lo: float = 0.5
     mis_hi: float = 2.0
+    mis_denominator: Literal["all", "kept"] = "all"  # masked tokens counted in the aggregation, or dropped (verl)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +99,7 @@ class Rollout:
     lockstep: bool = False  # episodes stepped together turn by turn (the reference); else asynchronous
     decode_chunk: int = 16  # asynchronous: tokens a ready row decodes between admissions
     max_staleness: int = 0  # k > 0: rollouts of the next k steps overlap training (`train.collector`)
+    partial: bool = False  # with max_staleness >= 1: running episodes continue under newly published weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -475,6 +477,9 @@ def validate(cfg: RunConfig) -> None:
     _range("rollout.sampler_devices", c.sampler_devices, 0)
     _range("rollout.max_rows_in_flight", c.max_rows_in_flight, 0)
     _range("rollout.max_staleness", c.max_staleness, 0)
+    if c.partial and (c.max_staleness < 1 or c.lockstep):
+        raise ConfigError(f"config.rollout.partial needs rollout.max_staleness >= 1 (got {c.max_staleness}) and "
+                          f"the asynchronous driver (rollout.lockstep=False): weights change between decode chunks")
     _range("mesh.rollout_devices", cfg.mesh.rollout_devices, 0)
     _range("rollout.decode_chunk", c.decode_chunk, 1)
     if 0 < c.max_rows_in_flight < c.group_size:
@@ -540,6 +545,9 @@ def _check_update(r: RL) -> None:
     _range("rl.mis_lo", r.mis_lo, 0.0)
     if r.mis_hi <= r.mis_lo:
         raise ConfigError(f"config.rl.mis_hi={r.mis_hi} must exceed rl.mis_lo={r.mis_lo} (MIS keeps ratios in [lo, hi])")
+    if r.mis != "off" and r.mis_denominator == "kept" and not r.recompute_old_logprobs:
+        raise ConfigError("config.rl.mis_denominator='kept' counts the tokens MIS keeps before the update: it needs "
+                          "rl.recompute_old_logprobs=True")
 
 
 def _check_run_ux(cfg: RunConfig) -> None:

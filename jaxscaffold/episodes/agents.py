@@ -20,6 +20,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
+import time
 from typing import Mapping, Protocol, Sequence
 
 import jax
@@ -91,20 +92,29 @@ class ModelAgent:
     `episode_ids[i]` (default i) keys episode i's sampling seeds, with `seed` and `train_step`
     (see `seeds.turn_seed`), so its tokens do not depend on its slot or batch.
 
-    `refresh_params` (optional) is where newer weights could enter between decode chunks
-    (partial rollouts): a callable returning (params, version), asked before each chunk; the
-    agent swaps to them when the version changes. Nothing records per-token versions yet."""
+    `refresh_params` (optional; partial rollouts, `rollout.partial`) is where newer weights
+    enter between decode chunks: a callable returning (params, version), asked at construction
+    (its params replace `params`) and before each chunk; the agent swaps to them when the version
+    changes, and after each chunk records the version on the tokens it sampled
+    (`Conversation.record_version`), so every token keeps the version that sampled it. At a swap
+    the KV cache of the earlier tokens is kept (computed by the older weights); `reprefill=True`
+    recomputes it under the new ones first (exact, one prefill of every held row's history).
+    Without `refresh_params` no version is recorded here (the caller records one for all)."""
 
     def __init__(self, params, sampler: Sampler, tokenizer: Tokenizer, cfg: RolloutConfig, *, seed: int,
-                 train_step: int, episode_ids: Sequence[int] | None = None, refresh_params=None):
+                 train_step: int, episode_ids: Sequence[int] | None = None, refresh_params=None,
+                 reprefill: bool = False):
         self.sampler, self.tokenizer, self.cfg = sampler, tokenizer, cfg
         self.chat = Qwen3ChatRenderer(tokenizer)
         self.representation = representations.make(
             cfg.representation, self.chat, enable_thinking=cfg.enable_thinking,
             history_window=cfg.history_window, im_end=tokenizer.token_id("<|im_end|>"))
-        self.params = sampler.prepare(params)  # once: the layout the sampler decodes with
+        self.refresh_params, self.version, self.reprefill = refresh_params, None, reprefill
+        if refresh_params is not None:  # the newest version from the first prefill on
+            params, self.version = refresh_params()
+        self.params = sampler.prepare(params)  # once per version: the layout the sampler decodes with
         self.seed, self.train_step, self.episode_ids = seed, train_step, episode_ids
-        self.refresh_params, self.version = refresh_params, None
+        self.swaps, self.swap_s = 0, 0.0  # versions swapped in mid-call (partial rollouts), their seconds
         self.capacity = sampler.batch_size
         self.mt = MultiTurn(sampler)
         self.slot_of: dict[int, int] = {}  # episode -> its sampler slot
@@ -156,10 +166,18 @@ class ModelAgent:
         if self.refresh_params is not None:  # the swap point of partial rollouts
             params, version = self.refresh_params()
             if version != self.version:
+                t0 = time.perf_counter()
                 self.params, self.version = self.sampler.prepare(params), version
+                if self.reprefill:
+                    self.mt.reprefill(self.params, list(self.mt.conversations))
+                jax.block_until_ready((self.params, self.mt.state))
+                self.swaps, self.swap_s = self.swaps + 1, self.swap_s + time.perf_counter() - t0
         episode_of = {self.slot_of[i]: i for i in turns}
         ended = self.mt.decode(self.params, {self.slot_of[i]: (self.cfg.max_new_tokens, self._row_seed(i, t))
                                              for i, t in turns.items()}, chunk=chunk)
+        if self.refresh_params is not None:  # this chunk's tokens are this version's
+            for slot in episode_of:
+                self.mt.conversations[slot].record_version(self.version)
         eos, out = self.tokenizer.eos_ids, {}
         for slot, gen in ended.items():
             i = episode_of[slot]

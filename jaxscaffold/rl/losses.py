@@ -23,7 +23,10 @@ the full-batch loss exactly; without it the local counts are used (right for one
 
 Off-policy correction (`Correction`, the run's `rl.tis_cap` / `rl.mis*`): tokens sampled by an
 older policy version (bounded staleness) or by the sampler's numerics are weighted (TIS) or
-masked (MIS, `mis_keep`) by their importance ratio against the sampler.
+masked (MIS, `mis_keep`) by their importance ratio against the sampler. A masked token counts
+in the aggregation's denominators (`mis_denominator="all"`, a TIS weight of 0) or leaves them
+(`"kept"`, verl's rejection: the loss divides by the kept tokens' counts, which the train step
+computes on the full batch, `mis_batch_keep`, so micro-batches stay exact).
 
 Metrics are built the same way, so the train step combines micro-batches with
 `merge_metrics` (a sum for every entry except `ratio_min` / `ratio_max`, which take min / max).
@@ -45,6 +48,7 @@ LOSS_MODES = ("ppo", "gspo")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 MIS_MODES = ("off", "token", "sequence")
+MIS_DENOMINATORS = ("all", "kept")
 
 LOG_RATIO_CLAMP = 20.0  # PPO: exp of a larger log-ratio overflows and only adds noise
 GSPO_LOG_RATIO_MAX = 10.0  # GSPO: upper clamp of the token log-ratio before exp, as verl
@@ -60,13 +64,18 @@ class Correction:
       the weights come with the recomputed old log-probs, `train_step.make_old_logprob_step`).
     mis: masked importance sampling ("off" | "token" | "sequence", `mis_keep`): the loss of a
       token (or of every token of a row) whose importance ratio pi / pi_sampler leaves
-      [mis_lo, mis_hi] is masked (weight 0, still counted in the aggregation's denominators).
+      [mis_lo, mis_hi] is masked (its loss and gradient 0).
+    mis_denominator: "all": a masked token still counts in the aggregation's denominators (the
+      batch's step shrinks with what MIS masks); "kept": it leaves them, every loss term then
+      aggregated over the kept tokens only (verl's rejection mask). "kept" needs the trainer's
+      old log-probs (the mask is then fixed before the update: its counts are the batch's).
     """
 
     tis_cap: float = 0.0
     mis: str = "off"
     mis_lo: float = 0.5
     mis_hi: float = 2.0
+    mis_denominator: str = "all"
 
     def __post_init__(self):
         if self.mis not in MIS_MODES:
@@ -75,6 +84,13 @@ class Correction:
             raise ValueError(f"tis_cap must be >= 0 (0: off), got {self.tis_cap}")
         if not 0.0 <= self.mis_lo < self.mis_hi:
             raise ValueError(f"MIS needs 0 <= mis_lo < mis_hi, got [{self.mis_lo}, {self.mis_hi}]")
+        if self.mis_denominator not in MIS_DENOMINATORS:
+            raise ValueError(f"unknown mis_denominator {self.mis_denominator!r}; expected one of {MIS_DENOMINATORS}")
+
+    @property
+    def drops_masked(self) -> bool:
+        """Whether MIS's masked tokens leave the aggregation's denominators."""
+        return self.mis != "off" and self.mis_denominator == "kept"
 
 
 NO_CORRECTION = Correction()
@@ -103,13 +119,34 @@ def mis_keep(log_ratio_BT, mask_BT, mode: str, lo: float, hi: float):
     return (valid & (ratio_BT >= lo) & (ratio_BT <= hi)).astype(jnp.float32)
 
 
-def loss_denominators(mask_BT) -> dict:
-    """The batch-wide counts every aggregation divides by: {"tokens": N, "seqs": S}.
+def loss_denominators(mask_BT, kept_BT=None) -> dict:
+    """The batch-wide counts every aggregation divides by: {"tokens": N, "seqs": S}; with
+    `kept_BT` (`mis_batch_keep`) also "kept_tokens" / "kept_seqs", those of the tokens MIS
+    keeps, which the loss divides by with `mis_denominator="kept"`.
 
     Compute them once on the FULL batch and pass them to each micro-batch's `policy_loss`.
     """
     m = jnp.asarray(mask_BT).astype(jnp.float32)
-    return {"tokens": m.sum(), "seqs": (m.sum(-1) > 0).sum().astype(jnp.float32)}
+    out = {"tokens": m.sum(), "seqs": (m.sum(-1) > 0).sum().astype(jnp.float32)}
+    if kept_BT is not None:
+        kept = loss_denominators(m * jnp.asarray(kept_BT, jnp.float32))
+        out.update(kept_tokens=kept["tokens"], kept_seqs=kept["seqs"])
+    return out
+
+
+def mis_batch_keep(mask_BT, old_logp_BT, sampler_logp_BT, correction: Correction):
+    """MIS's keep mask of a whole batch when its counts are the loss's denominators
+    (`correction.drops_masked`), else None. The ratio is pi_old / pi_sampler: the trainer's
+    recomputed old log-probs against the sampler's, fixed for the whole update."""
+    if not correction.drops_masked:
+        return None
+    if sampler_logp_BT is None:
+        raise ValueError("mis_denominator='kept' needs the trainer's old log-probs beside the sampler's "
+                         "(rl.recompute_old_logprobs=True)")
+    valid = jnp.asarray(mask_BT).astype(bool)
+    dtype = jnp.float32
+    log_ratio = _masked(old_logp_BT, valid, dtype) - _masked(sampler_logp_BT, valid, dtype)
+    return mis_keep(log_ratio, valid, correction.mis, correction.mis_lo, correction.mis_hi)
 
 
 def aggregate(x_BT, mask_BT, agg: str = "token-mean", *, denominators=None, agg_constant=None):
@@ -253,7 +290,9 @@ def policy_loss(
         of the tokens `mis_keep` masks is zeroed. Its ratio is pi_old / pi_sampler with
         `sampler_logp_BT` (old log-probs recomputed by the trainer, decoupled as TIS), else
         the current policy's against `old_logp_BT` (the sampler's, of the version that
-        sampled), without gradient either way.
+        sampled), without gradient either way. With `mis_denominator="kept"` every loss term
+        is aggregated over the kept tokens, divided by `denominators`' kept counts (computed
+        here from this batch without `denominators`).
       ref_logp_BT: the reference policy's log-probs (the KL term; off when None).
       entropy_BT: per-token entropies computed by the caller (the entropy bonus; None: off).
       denominators: `loss_denominators` of the full batch for exact gradient accumulation.
@@ -276,9 +315,12 @@ def policy_loss(
     loss_mode, clip_low, clip_high, clip_c = algo.loss_mode, algo.clip_low, algo.clip_high, algo.clip_c
     kl_coef, entropy_coef, correction = algo.kl_coef, algo.entropy_coef, algo.correction
     if denominators is None:
-        denominators = loss_denominators(mask_BT)
+        kept = mis_batch_keep(mask_BT, old_logp_BT, sampler_logp_BT, correction)
+        denominators = loss_denominators(mask_BT, kept)
     if ref_logp_BT is None and not (isinstance(kl_coef, (int, float)) and kl_coef == 0):
         raise ValueError("kl_coef is set but ref_logp_BT is None")
+    if correction.drops_masked and "kept_tokens" not in denominators:
+        raise ValueError("mis_denominator='kept': pass the full batch's loss_denominators(mask, mis_batch_keep(...))")
     agg_fn = functools.partial(
         aggregate, mask_BT=mask_BT, agg=algo.agg, denominators=denominators, agg_constant=algo.agg_constant
     )
@@ -308,6 +350,10 @@ def policy_loss(
         keep_BT = mis_keep(is_log_ratio_BT, valid, correction.mis, correction.mis_lo, correction.mis_hi)
         loss_BT = loss_BT * keep_BT.astype(dtype)
         is_ratio_BT = jnp.exp(is_log_ratio_BT)
+        if correction.drops_masked:  # verl: the masked tokens leave every term's counts
+            agg_fn = functools.partial(aggregate, mask_BT=keep_BT, agg=algo.agg, agg_constant=algo.agg_constant,
+                                       denominators={"tokens": denominators["kept_tokens"],
+                                                     "seqs": denominators["kept_seqs"]})
         metrics.update(is_ratio_mean=token_mean(is_ratio_BT),
                        is_ratio_min=jnp.min(jnp.where(valid, is_ratio_BT, jnp.inf)),
                        is_ratio_max=jnp.max(jnp.where(valid, is_ratio_BT, -jnp.inf)),

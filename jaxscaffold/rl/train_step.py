@@ -42,7 +42,7 @@ from jaxscaffold.models.sharded_attention import kernel_mesh
 from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules
 from jaxscaffold.rl.logprobs import masked_token_logprobs, token_logprobs
 from jaxscaffold.rl import mismatch
-from jaxscaffold.rl.losses import Correction, loss_denominators, policy_loss
+from jaxscaffold.rl.losses import NO_CORRECTION, Correction, loss_denominators, mis_batch_keep, policy_loss
 from jaxscaffold.rl.presets import AlgorithmConfig
 
 BATCH_AXES = {
@@ -255,7 +255,9 @@ def _update(step: _Step, num_positions, state: TrainState, batch: dict, ref_para
     """The optimizer step around the micro-batch loss: exact accumulation over micro-batches
     (every loss term divides by the full batch's counts) and a skipped non-finite step."""
     batch = {k: batch[k] for k in _batch_keys(batch)}
-    denominators = loss_denominators(batch["loss_mask_BT"])
+    correction = step.objective.algo.correction if isinstance(step.objective, PolicyObjective) else NO_CORRECTION
+    denominators = loss_denominators(batch["loss_mask_BT"], mis_batch_keep(
+        batch["loss_mask_BT"], batch.get("old_logp_BT"), batch.get("sampler_logp_BT"), correction))
     loss_fn = functools.partial(step.objective, step.backend.with_kernels(step.model_config))
     if step.lora is not None:  # LoRA: differentiate through the merge, w.r.t. the adapters only
         loss_fn = _lora_loss(loss_fn, step, base)

@@ -7,8 +7,9 @@ tokenised once when it arrives, generated ids are kept as they were sampled.
 
 `MultiTurn` keeps one conversation per slot and the sampler state: `extend` prefills only
 new (environment) tokens, `generate` continues the chosen slots (`decode`: by chunks of a few
-tokens, each slot's turn resumed until it ends, so rows can join between chunks), `release`
-hands back a finished conversation and frees its slot for the next episode.
+tokens, each slot's turn resumed until it ends, so rows can join between chunks), `reprefill`
+recomputes slots' caches under new weights, `release` hands back a finished conversation and
+frees its slot for the next episode.
 """
 
 from __future__ import annotations
@@ -149,6 +150,18 @@ class MultiTurn:
                     sampling_logprobs=np.concatenate([p.sampling_logprobs for p in turn.pieces]),
                     finish_reason=piece.finish_reason)
         return ended
+
+    def reprefill(self, params, slots: Sequence[int]) -> None:
+        """Recomputes the cache of `slots` from their conversations' tokens under `params` (new
+        weights mid-episode, computed exactly; an open turn continues from the new cache)."""
+        slots = [s for s in slots if s in self.conversations]
+        if not slots:
+            return
+        self.state = self.sampler.release(self.state, slots)
+        lengths = self._lengths()
+        lengths[slots] = 0
+        self.state = self.sampler.extend(params, self.state, {s: self.conversations[s].ids for s in slots},
+                                         lengths=lengths)
 
     def release(self, slots: Sequence[int]) -> dict[int, Conversation]:
         """Ends the conversations in `slots`, frees their cache slots and returns them."""

@@ -8,6 +8,13 @@ max(start, t - 1 - k): the oldest the bound allows, a fixed schedule, so a run's
 not depend on thread timing (k = 1: step s + 1's rollouts run while step s trains). The
 trainer publishes each new version (a copy: the train step donates its state's buffers).
 
+Partial rollouts (`rollout.partial`): a step's collect starts with its scheduled version, and
+when the trainer publishes a newer one while the step's episodes run, they continue under it
+from the next decode chunk (`ModelAgent`'s `refresh_params`); every token records the version
+that sampled it, and the KV cache of the earlier tokens is kept (docs/async_training.md says
+why). The swap's chunk depends on when the trainer publishes: such a run is not reproducible
+token for token (the tokens before the first swap are the non-partial run's).
+
 What the thread shares with the trainer, and how it stays consistent:
 - the workload's state (task stream, bandit) advances in collect order; a snapshot taken right
   after each collect is what step t's checkpoint stores (`workload_state`), never a
@@ -44,6 +51,11 @@ class AheadCollector:
         if max_staleness < 1:
             raise ValueError(f"an ahead collector needs max_staleness >= 1, got {max_staleness}")
         self.work, self.job, self.k = work, job, max_staleness
+        self.partial = job.cfg.rollout.partial
+        if self.partial and not getattr(work, "partial_rollouts", False):
+            raise ValueError(f"rollout.partial: the {type(work).__name__} workload does not decode in chunks that "
+                             "new weights could join (the env workload does)")
+        self._latest: tuple[int, Any] | None = None  # partial: the newest published version, if newer than needed
         self.start_version = version
         self.last_step = last_step
         self._cond = threading.Condition()
@@ -76,11 +88,17 @@ class AheadCollector:
                     params = self._params[version]
                 with self._collecting:
                     t = time.perf_counter()
-                    episodes, stats = self.work.collect(self.job, params, step)
+                    if self.partial:
+                        episodes, stats = self.work.collect(self.job, params, step,
+                                                            refresh_params=self._newest(version, params))
+                    else:
+                        episodes, stats = self.work.collect(self.job, params, step)
                     seconds = time.perf_counter() - t
                     state = json.loads(json.dumps(self.work.get_state()))  # a copy, as the checkpoint stores it
-                for e in episodes:
+                for e in episodes:  # (partial: the agent recorded every sampled token's already)
                     e.record_version(version)
+                if self.partial:
+                    stats = {**stats, **version_stats(episodes, step - 1, self.k)}
                 with self._cond:
                     self._ready[step] = (episodes, stats, version, seconds)
                     self._states[step] = state
@@ -108,14 +126,35 @@ class AheadCollector:
             self._cond.notify_all()
             return out
 
+    def _newest(self, version: int, params):
+        """Partial rollouts' `refresh_params` for a collect that starts with `version`: the
+        newest published version (`version` until a newer one comes), as the sampler takes it."""
+        ready: dict[int, Any] = {}  # one conversion per version, the current one only
+
+        def refresh():
+            with self._cond:
+                latest = self._latest
+            newest, source = (version, params) if latest is None or latest[0] <= version else latest
+            if newest not in ready:
+                ready.clear()
+                ready[newest] = sampler_params(source, self.job.sampler)
+            return ready[newest], newest
+
+        return refresh
+
     def publish(self, params, version: int) -> None:
         """The policy after training step `version`; kept only if a later step samples with it
-        (`_own_copy`: the next train step donates the state's buffers)."""
-        if version + 1 + self.k > self.last_step:  # step version + 1 + k samples with it
+        (`_own_copy`: the next train step donates the state's buffers), or with partial
+        rollouts, if a step still to collect may continue under it."""
+        scheduled = version + 1 + self.k <= self.last_step  # step version + 1 + k samples with it
+        if not scheduled and not (self.partial and version < self.last_step):
             return
         params = self._own_copy(params)
         with self._cond:
-            self._params[version] = params
+            if scheduled:
+                self._params[version] = params
+            if self.partial:  # (the scheduled copy itself while one is kept: no extra memory)
+                self._latest = (version, params)
             self._cond.notify_all()
 
     def _own_copy(self, params):
@@ -164,3 +203,21 @@ def staleness_filter(episodes: list[Episode], version: int, max_staleness: int) 
     stats = {f"rollout/staleness_{d}": float(n) for d, n in sorted(hist.items())}
     stats["rollout/stale_dropped_rows"] = float(dropped)
     return kept, stats
+
+
+def version_stats(episodes: list[Episode], version: int, max_staleness: int) -> dict:
+    """Partial rollouts' per-token view of a step's staleness (`staleness_filter` counts rows
+    by their oldest token): `rollout/token_staleness_<d>` (sampled tokens of the training rows
+    d versions older than `version`, d = 0..k and any older seen) and
+    `rollout/mixed_version_rows` (rows sampled by more than one version)."""
+    hist = {d: 0 for d in range(max_staleness + 1)}
+    mixed = 0
+    for e in episodes:
+        for conv in e.training_rows():
+            versions = conv.sampled_versions()
+            mixed += len(set(versions)) > 1
+            for v in versions:
+                hist[version - v] = hist.get(version - v, 0) + 1
+    stats = {f"rollout/token_staleness_{d}": float(n) for d, n in sorted(hist.items())}
+    stats["rollout/mixed_version_rows"] = float(mixed)
+    return stats

@@ -78,7 +78,8 @@ def optimizer_config(cfg: RunConfig) -> OptimizerConfig:
 def correction(cfg: RunConfig) -> Correction:
     """The run's off-policy correction of sampled tokens (TIS, MIS: `rl.losses.Correction`)."""
     r = cfg.rl
-    return Correction(tis_cap=r.tis_cap, mis=r.mis, mis_lo=r.mis_lo, mis_hi=r.mis_hi)
+    return Correction(tis_cap=r.tis_cap, mis=r.mis, mis_lo=r.mis_lo, mis_hi=r.mis_hi,
+                      mis_denominator=r.mis_denominator)
 
 
 def algorithm_config(cfg: RunConfig) -> AlgorithmConfig:

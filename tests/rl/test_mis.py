@@ -108,3 +108,96 @@ def test_mis_off_is_the_uncorrected_loss_and_bad_settings_are_errors():
         losses.Correction(mis="tokens")
     with pytest.raises(ValueError, match="mis_lo < mis_hi"):
         losses.Correction(mis="token", mis_lo=2.0, mis_hi=1.0)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("mode", ["token", "sequence"])
+def test_mis_denominator_kept_drops_masked_tokens_from_the_counts(mode, agg):
+    """verl's rejection (`mis_denominator="kept"`): the loss is the reference's aggregation
+    over the kept tokens only (a row with none left leaves the sequence count); the ratio is
+    pi_old / pi_sampler (recomputed old log-probs), and micro-batches given the full batch's
+    counts add up to the full batch's loss and gradient."""
+    logp, old = batch()
+    sampler = np.where(MASK > 0, old - PPO_LOG_RATIO, 0.0)  # old / sampler: the band splits it
+    correction = losses.Correction(mis=mode, mis_lo=LO, mis_hi=HI, mis_denominator="kept")
+    keep = ref_keep(old - sampler, MASK, mode, LO, HI)
+    assert 0 < keep.sum() < MASK.sum()
+
+    def f(x, rows=slice(None), denominators=None):
+        return losses.policy_loss(x, jnp.asarray(old[rows], jnp.float32), ADV[rows], MASK[rows],
+                                  algo(loss_mode="ppo", clip_low=0.2, clip_high=0.28, clip_c=3.0, agg=agg,
+                                       agg_constant=AGG_CONSTANT, correction=correction),
+                                  sampler_logp_BT=jnp.asarray(sampler[rows], jnp.float32),
+                                  denominators=denominators)
+
+    (loss, metrics), grad = jax.value_and_grad(f, has_aux=True)(jnp.asarray(logp, jnp.float32))
+    tl, _, tg = ref.token_loss_and_grad(logp, old, ADV, MASK, "ppo", 0.2, 0.28, 3.0)
+    w = ref.agg_weights(MASK * keep, agg, AGG_CONSTANT)  # the counts of the kept tokens
+    np.testing.assert_allclose(float(loss), float((w * tl).sum()), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad), w * tg, rtol=1e-5, atol=1e-6)
+    # The share masked is still of every trained token (the metric's counts are the batch's).
+    np.testing.assert_allclose(float(metrics["mis_masked"]), 1.0 - keep[MASK > 0].mean(), rtol=1e-6)
+    # "all" divides by every token: a different loss whenever something is masked.
+    all_counts, _ = losses.policy_loss(jnp.asarray(logp, jnp.float32), jnp.asarray(old, jnp.float32), ADV, MASK,
+                                       algo(clip_low=0.2, clip_high=0.28, clip_c=3.0, agg=agg, agg_constant=AGG_CONSTANT,
+                                            correction=losses.Correction(mis=mode, mis_lo=LO, mis_hi=HI)),
+                                       sampler_logp_BT=jnp.asarray(sampler, jnp.float32))
+    assert abs(float(all_counts) - float(loss)) > 1e-4
+    # Exact accumulation: two micro-batches with the full batch's counts.
+    full = losses.loss_denominators(MASK, losses.mis_batch_keep(MASK, old, sampler, correction))
+    parts = [jax.value_and_grad(lambda x, r=r: f(x, r, full), has_aux=True)(jnp.asarray(logp[r], jnp.float32))
+             for r in (slice(0, 3), slice(3, None))]
+    np.testing.assert_allclose(sum(float(l) for (l, _), _ in parts), float(loss), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.concatenate([np.asarray(g) for _, g in parts]), np.asarray(grad), atol=1e-6)
+    with pytest.raises(ValueError, match="full batch's loss_denominators"):
+        f(jnp.asarray(logp, jnp.float32), denominators=losses.loss_denominators(MASK))
+
+
+def test_mis_denominator_kept_needs_recomputed_old_logprobs():
+    logp, old = batch()
+    correction = losses.Correction(mis="token", mis_lo=LO, mis_hi=HI, mis_denominator="kept")
+    with pytest.raises(ValueError, match="recompute_old_logprobs"):
+        losses.policy_loss(jnp.asarray(logp, jnp.float32), jnp.asarray(old, jnp.float32), ADV, MASK,
+                           algo(correction=correction))
+    with pytest.raises(ValueError, match="mis_denominator"):
+        losses.Correction(mis="token", mis_denominator="some")
+
+
+def test_the_train_step_divides_by_the_full_batchs_kept_counts():
+    """mis_denominator="kept" in the jitted step: 1 micro-batch or 4, the same update (the
+    kept counts are the full batch's), and not the update of "all"."""
+    import optax
+
+    from jaxscaffold.models import qwen3
+    from jaxscaffold.rl.presets import preset
+    from jaxscaffold.rl.train_step import init_train_state, make_train_step
+    from tests.rl.test_train_step import CONFIG, _batch, _rel_diff
+
+    b = _batch(1)
+    rng = np.random.RandomState(2)
+    b["sampler_logp_BT"] = ((b["old_logp_BT"] + rng.randn(*b["old_logp_BT"].shape) * 0.4)
+                            * b["loss_mask_BT"]).astype(np.float32)
+    params = qwen3.init_params(CONFIG, jax.random.key(0))
+
+    def update(n, denominator):
+        sgd = optax.sgd(1.0)
+        correction = losses.Correction(mis="token", mis_lo=LO, mis_hi=HI, mis_denominator=denominator)
+        step = make_train_step(CONFIG, preset("grpo", correction=correction), sgd, num_micro_batches=n)
+        state, metrics = step(init_train_state(jax.tree.map(jnp.copy, params), sgd), b)
+        return jax.tree.map(lambda x, y: np.asarray(x) - np.asarray(y), state.params, params), metrics
+
+    (u1, m1), (u4, _), (ua, _) = update(1, "kept"), update(4, "kept"), update(1, "all")
+    assert 0 < float(m1["mis_masked"]) < 1
+    assert _rel_diff(u1, u4) < 1e-5
+    assert _rel_diff(u1, ua) > 1e-3
+
+
+def test_the_config_says_kept_needs_the_trainers_old_logprobs(tmp_path):
+    from jaxscaffold import config as config_lib
+    from tests.train.configs import tiny_config
+
+    kept = {"rl.mis": "token", "rl.mis_denominator": "kept"}
+    with pytest.raises(config_lib.ConfigError, match="mis_denominator='kept'.*recompute_old_logprobs"):
+        config_lib.typed(tiny_config(tmp_path, **kept, **{"rl.recompute_old_logprobs": False}))
+    cfg = config_lib.typed(tiny_config(tmp_path, **kept, **{"rl.recompute_old_logprobs": True}))
+    assert cfg.rl.mis_denominator == "kept"

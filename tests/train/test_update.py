@@ -23,7 +23,7 @@ def _episode(group, reward, n_tokens=3):
 def _job(ppo_epochs, num_minibatches, train_step):
     cfg = ConfigDict({"rl": {"ppo_epochs": ppo_epochs, "num_minibatches": num_minibatches, "minibatch_rows": 0,
                              "recompute_old_logprobs": False, "tis_cap": 0.0, "group_stats": "trajectory",
-                             "mis": "off", "mis_lo": 0.5, "mis_hi": 2.0},
+                             "mis": "off", "mis_lo": 0.5, "mis_hi": 2.0, "mis_denominator": "all"},
                       "rollout": {"max_new_tokens": 8}})
     return Job(cfg, mesh=None, model_config=None, tokenizer=None, sampler=None, eval_sampler=None,
                train_step=train_step, algo=preset("grpo"), row_multiple=1)
@@ -69,7 +69,7 @@ def _real_job(recompute, minibatch_rows, tis_cap=0.0, lr=0.0):
     from tests.rl.test_train_step import CONFIG
     cfg = ConfigDict({"rl": {"ppo_epochs": 1, "num_minibatches": 1, "minibatch_rows": minibatch_rows,
                              "recompute_old_logprobs": recompute, "tis_cap": tis_cap, "micro_batches": 1,
-                             "group_stats": "trajectory", "mis": "off", "mis_lo": 0.5, "mis_hi": 2.0},
+                             "group_stats": "trajectory", "mis": "off", "mis_lo": 0.5, "mis_hi": 2.0, "mis_denominator": "all"},
                       "rollout": {"max_new_tokens": 8}})
     from jaxscaffold.rl.losses import Correction
     algo = preset("grpo", correction=Correction(tis_cap=tis_cap))  # the run's algorithm: its TIS cap too

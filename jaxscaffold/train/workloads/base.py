@@ -32,6 +32,8 @@ class Workload(Protocol):
 
     # Optional: `total_steps(configured: int) -> int`, the run's length when the workload
     # derives it from its data (RWML's epochs over the filtered triples); else `cfg.steps`.
+    # Optional: `partial_rollouts = True` with `collect(job, params, step, refresh_params=None)`:
+    # its agents take newer weights between decode chunks (`rollout.partial`, `train.collector`).
 
 
 WorkloadFactory = Callable[[Job, Any], Workload]

@@ -91,7 +91,9 @@ class EnvWorkload:
         arm = bandit_lib.choose(self.bandit, run_seed=self.seed, train_step=step, group_id=0)
         return self.schedules[arm]
 
-    def collect(self, job: Job, params, step: int) -> tuple[list[Episode], dict]:
+    partial_rollouts = True  # `collect` takes `refresh_params` (`train.collector`, rollout.partial)
+
+    def collect(self, job: Job, params, step: int, refresh_params=None) -> tuple[list[Episode], dict]:
         """Rollouts for one train step; DAPO's dynamic sampling keeps generating until enough
         groups have mixed binary success. After max_num_gen_batches without enough, it trains
         on the groups it has (`rollout/dynamic_sampling_exhausted` = 1; the reference's
@@ -100,7 +102,9 @@ class EnvWorkload:
 
         On several processes each runs its share of the step's groups (`process_share`; the
         task stream is the same on every process) and returns its own episodes, whole groups,
-        to train on; the metrics, the feedback log and the bandit see every process's."""
+        to train on; the metrics, the feedback log and the bandit see every process's.
+
+        `refresh_params` (partial rollouts): the agents' source of newer weights (`ModelAgent`)."""
         cfg, c = job.cfg, job.cfg.rollout
         rcfg = rollout_config(c, c.max_turns)
         schedule = self.schedule_at(step)
@@ -125,7 +129,7 @@ class EnvWorkload:
                 groups = [g for g in wave for _ in range(c.group_size)]
                 episode_ids = [g * c.group_size + r for g in wave for r in range(c.group_size)]
                 agent = ModelAgent(params, job.sampler, job.tokenizer, rcfg, seed=run_seed, train_step=step,
-                                   episode_ids=episode_ids)
+                                   episode_ids=episode_ids, refresh_params=refresh_params)
                 episodes += run_episodes(agent, self.envs, flat, groups, max_turns=rcfg.max_turns, feedback=feedback,
                                          timings=timings, lockstep=c.lockstep, decode_chunk=c.decode_chunk)
             for e in episodes:  # groups of different generation batches stay apart
