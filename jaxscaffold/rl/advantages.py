@@ -3,7 +3,8 @@
 One score per trajectory (the sum of its rewards, computed by the caller), grouped by task:
 rollouts of the *same* task share a group id. Estimators, per group of n scores `s`:
 
-- `grpo`:   `(s - mean) / (std + eps)`, unbiased std (ddof=1); `norm_std=False` gives `s - mean`;
+- `grpo`:   `(s - mean) / (std + eps)`, unbiased std (ddof=1); the algorithm's `norm_std=False`
+            gives `s - mean`;
 - `drgrpo`: `s - mean` (Dr.GRPO, arXiv 2503.20783: no std normalisation);
 - `rloo`:   `s - mean of the other n-1 scores` (leave-one-out baseline, arXiv 2402.14740).
 
@@ -22,7 +23,12 @@ statistics count:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:  # the algorithm's config; presets.py validates its estimator against ESTIMATORS
+    from jaxscaffold.rl.presets import AlgorithmConfig
 
 ESTIMATORS = ("grpo", "drgrpo", "rloo")
 COUNTS = ("trajectory", "row")
@@ -40,10 +46,9 @@ def informative(values_G) -> bool:
 def advantages(
     rewards_N,
     group_ids_N,
-    estimator: str = "grpo",
+    algo: AlgorithmConfig,
     *,
     eps: float = 1e-6,
-    norm_std: bool = True,
     batch_norm: bool = False,
     traj_ids_N=None,
     count: str = "trajectory",
@@ -53,9 +58,10 @@ def advantages(
     Args:
       rewards_N: one score per row (a trajectory's total reward; step rows repeat it).
       group_ids_N: group (task) id per row, any NumPy-sortable values.
-      estimator: "grpo", "drgrpo" or "rloo" (see the module docstring).
+      algo: the algorithm (`rl.presets.AlgorithmConfig`): its `estimator`, "grpo", "drgrpo" or
+        "rloo" (see the module docstring), and `norm_std`, whether to divide by the group std
+        (only "grpo" uses it; False = Dr.GRPO's mean-only form).
       eps: added to the std in the divisions (group std and batch std).
-      norm_std: divide by the group std (only "grpo" uses it; False = Dr.GRPO's mean-only form).
       batch_norm: afterwards z-score the advantages over the whole batch (unbiased std + eps),
         over the same units the group statistics count (trajectories or rows).
       traj_ids_N: trajectory id per row for step-wise rows; None = every row is a trajectory.
@@ -65,6 +71,7 @@ def advantages(
       ValueError: unknown option, mismatched shapes, or rows of one trajectory that disagree on
         their reward or group.
     """
+    estimator = algo.estimator
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown advantage estimator {estimator!r}; expected one of {ESTIMATORS}")
     if count not in COUNTS:
@@ -86,7 +93,7 @@ def advantages(
         unit_of_row_N = np.arange(rewards_N.shape[0])
     # One score and group per unit (trajectory or row); its first row speaks for it.
     first_row_U = _first_rows(unit_of_row_N)
-    adv_U = _group_advantages(rewards_N[first_row_U], group_ids_N[first_row_U], estimator, eps, norm_std)
+    adv_U = _group_advantages(rewards_N[first_row_U], group_ids_N[first_row_U], estimator, eps, algo.norm_std)
     if batch_norm:
         adv_U = _zscore(adv_U, eps)
     return adv_U[unit_of_row_N].astype(np.float32)

@@ -36,9 +36,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
+
+if TYPE_CHECKING:  # the algorithm's config; presets.py validates its names against this module's
+    from jaxscaffold.rl.presets import AlgorithmConfig
 
 LOSS_MODES = ("ppo", "gspo")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
@@ -236,7 +240,8 @@ def kl_penalty(logp_BT, ref_logp_BT, estimator: str = "k1"):
     k3: exp(-lr) + lr - 1 (unbiased, >= 0; verl's low_var_kl: -lr clamped to [-20, 20] before
         exp, the estimate clamped to [-10, 10]).
 
-    Two uses: in the loss (`policy_loss(ref_logp_BT=..., kl_coef=...)`, GRPO style, usually k3);
+    Two uses: in the loss (`policy_loss(ref_logp_BT=...)` with the algorithm's `kl_coef`, GRPO
+    style, usually k3);
     or in the reward (PPO style), where the train step subtracts
     `kl_coef * kl_penalty(old_logp_BT, ref_logp_BT, "k1")` from the per-token rewards of the
     rollout policy before computing scores and advantages.
@@ -258,47 +263,41 @@ def policy_loss(
     old_logp_BT,
     adv_B,
     mask_BT,
+    algo: AlgorithmConfig,
     *,
-    loss_mode: str = "ppo",
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    clip_c: float | None = None,
-    agg: str = "token-mean",
     ref_logp_BT=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    agg_constant=None,
     entropy_BT=None,
-    entropy_coef: float = 0.0,
     denominators=None,
     tis_weight_BT=None,
-    correction: Correction = NO_CORRECTION,
     sampler_logp_BT=None,
 ):
     """The clipped policy loss of one (micro-)batch and its metrics: (loss, metrics).
 
     loss = agg(token_pg_loss) + kl_coef * agg(kl_penalty(logp, ref_logp, kl_estimator))
            - entropy_coef * agg(entropy_BT)
-    Jit-able with the string / None options static; differentiable w.r.t. `logp_BT`.
+    with every setting from `algo`. Jit-able with `algo` static (a frozen dataclass);
+    differentiable w.r.t. `logp_BT`.
 
     Args:
       logp_BT, old_logp_BT: log-probs of the sampled tokens under the current / rollout policy.
       adv_B: advantages, one per row (or per token, `[B, T]`).
       mask_BT: 1 where the token is trained on.
-      loss_mode: "ppo" or "gspo" (see `token_pg_loss`); clip_low / clip_high / clip_c likewise.
-      agg: one of `AGG_MODES`; agg_constant: the constant of "seq-mean-token-sum-norm".
-      ref_logp_BT, kl_coef, kl_estimator: KL-to-reference term in the loss (off when no ref).
-      entropy_BT, entropy_coef: per-token entropies computed by the caller, and the bonus weight.
+      algo: the algorithm (`rl.presets.AlgorithmConfig`, a preset with the run's overrides):
+        loss_mode "ppo" or "gspo" (see `token_pg_loss`) and its clip_low / clip_high / clip_c;
+        agg, one of `AGG_MODES`, and agg_constant, the constant of "seq-mean-token-sum-norm";
+        kl_coef and kl_estimator of the KL-to-reference term; entropy_coef, the bonus weight;
+        correction, the off-policy `Correction`: with `correction.mis` on, the surrogate loss
+        of the tokens `mis_keep` masks is zeroed. Its ratio is pi_old / pi_sampler with
+        `sampler_logp_BT` (old log-probs recomputed by the trainer, decoupled as TIS), else
+        the current policy's against `old_logp_BT` (the sampler's, of the version that
+        sampled), without gradient either way. With `mis_denominator="kept"` every loss term
+        is aggregated over the kept tokens, divided by `denominators`' kept counts (computed
+        here from this batch without `denominators`).
+      ref_logp_BT: the reference policy's log-probs (the KL term; off when None).
+      entropy_BT: per-token entropies computed by the caller (the entropy bonus; None: off).
       denominators: `loss_denominators` of the full batch for exact gradient accumulation.
       tis_weight_BT: truncated importance-sampling weights (`rl.mismatch.tis_weights`), each
         token's surrogate loss multiplied by its weight (a constant: no gradient); None = off.
-      correction: the run's `Correction`; with `correction.mis` on, the surrogate loss of the
-        tokens `mis_keep` masks is zeroed. Its ratio is pi_old / pi_sampler with
-        `sampler_logp_BT` (old log-probs recomputed by the trainer, decoupled as TIS), else
-        the current policy's against `old_logp_BT` (the sampler's, of the version that sampled),
-        without gradient either way. With `mis_denominator="kept"` every loss term is
-        aggregated over the kept tokens, divided by `denominators`' kept counts (computed here
-        from this batch without `denominators`).
       sampler_logp_BT: the sampler's log-probs when `old_logp_BT` are the trainer's.
 
     Metrics (scalars; token means over valid tokens with the same denominators, so summing
@@ -313,6 +312,8 @@ def policy_loss(
       is_ratio_min, is_ratio_max (the ratio MIS tests, per token) and mis_masked (the share of
       valid tokens masked).
     """
+    loss_mode, clip_low, clip_high, clip_c = algo.loss_mode, algo.clip_low, algo.clip_high, algo.clip_c
+    kl_coef, entropy_coef, correction = algo.kl_coef, algo.entropy_coef, algo.correction
     if denominators is None:
         kept = mis_batch_keep(mask_BT, old_logp_BT, sampler_logp_BT, correction)
         denominators = loss_denominators(mask_BT, kept)
@@ -321,7 +322,7 @@ def policy_loss(
     if correction.drops_masked and "kept_tokens" not in denominators:
         raise ValueError("mis_denominator='kept': pass the full batch's loss_denominators(mask, mis_batch_keep(...))")
     agg_fn = functools.partial(
-        aggregate, mask_BT=mask_BT, agg=agg, denominators=denominators, agg_constant=agg_constant
+        aggregate, mask_BT=mask_BT, agg=algo.agg, denominators=denominators, agg_constant=algo.agg_constant
     )
     token_mean = functools.partial(aggregate, mask_BT=mask_BT, agg="token-mean", denominators=denominators)
 
@@ -350,7 +351,7 @@ def policy_loss(
         loss_BT = loss_BT * keep_BT.astype(dtype)
         is_ratio_BT = jnp.exp(is_log_ratio_BT)
         if correction.drops_masked:  # verl: the masked tokens leave every term's counts
-            agg_fn = functools.partial(aggregate, mask_BT=keep_BT, agg=agg, agg_constant=agg_constant,
+            agg_fn = functools.partial(aggregate, mask_BT=keep_BT, agg=algo.agg, agg_constant=algo.agg_constant,
                                        denominators={"tokens": denominators["kept_tokens"],
                                                      "seqs": denominators["kept_seqs"]})
         metrics.update(is_ratio_mean=token_mean(is_ratio_BT),
@@ -360,7 +361,7 @@ def policy_loss(
     pg_loss = agg_fn(loss_BT)
     loss = pg_loss
     if ref_logp_BT is not None:
-        kl_BT = kl_penalty(logp_BT, _masked(ref_logp_BT, valid, dtype), kl_estimator)
+        kl_BT = kl_penalty(logp_BT, _masked(ref_logp_BT, valid, dtype), algo.kl_estimator)
         loss = loss + kl_coef * agg_fn(kl_BT)
         metrics["kl"] = token_mean(kl_BT)
     if entropy_BT is not None:

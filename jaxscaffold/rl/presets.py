@@ -13,7 +13,7 @@ and loss. Where the reference fixes no value, or the preset is not the reference
   `rl.overlong_buffer=512` runs it.
 - Dr.GRPO (arXiv 2503.20783; verl's recipe: `norm_adv_by_std_in_grpo=False`,
   `loss_agg_mode=seq-mean-token-sum-norm`): mean-only advantage and a constant token
-  normaliser; the train step passes `agg_constant` = the max response length to `policy_loss`.
+  normaliser; a run sets the preset's `agg_constant` to its max response length.
 """
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ from __future__ import annotations
 import dataclasses
 
 from jaxscaffold.rl.advantages import ESTIMATORS
-from jaxscaffold.rl.losses import AGG_MODES, KL_ESTIMATORS, LOSS_MODES
+from jaxscaffold.rl.losses import AGG_MODES, KL_ESTIMATORS, LOSS_MODES, NO_CORRECTION, Correction
 
 
 @dataclasses.dataclass(frozen=True)
 class AlgorithmConfig:
-    """One RL algorithm: advantage estimator, policy loss and sampling-side tricks."""
+    """One RL algorithm: advantage estimator, policy loss and sampling-side tricks. The loss
+    (`losses.policy_loss`), the advantages (`advantages.advantages`) and the train step take
+    it whole: a preset with the run's overrides (`preset(name, **overrides)`)."""
 
     name: str
     estimator: str = "grpo"  # advantages(): grpo | drgrpo | rloo
@@ -35,6 +37,7 @@ class AlgorithmConfig:
     clip_high: float = 0.2  # ratio clipped above at 1 + clip_high (DAPO clip-higher: > clip_low)
     clip_c: float | None = 3.0  # dual-clip bound for A < 0 (ppo only); None = off
     agg: str = "seq-mean-token-mean"  # loss aggregation, see losses.AGG_MODES
+    agg_constant: float | None = None  # "seq-mean-token-sum-norm"'s constant (a run: its max response tokens)
     kl_coef: float = 0.0  # KL-to-reference weight in the loss; 0 = no reference model needed
     kl_estimator: str = "k3"  # k1 | k2 | k3 (low_var_kl)
     entropy_coef: float = 0.0  # entropy bonus weight
@@ -43,6 +46,7 @@ class AlgorithmConfig:
     overlong_buffer: int | None = None  # DAPO overlong shaping buffer in tokens; None = off
     overlong_factor: float = 1.0  # penalty at the length limit (-factor)
     norm_std: bool = True  # divide group-centred scores by the group std (grpo estimator)
+    correction: Correction = NO_CORRECTION  # off-policy correction of sampled tokens (TIS, MIS)
 
     def __post_init__(self):
         for field, value, allowed in (
@@ -57,15 +61,8 @@ class AlgorithmConfig:
             raise ValueError(f"{self.name}: clip_c={self.clip_c} needs loss_mode='ppo' and clip_c > 1")
         if self.overlong_buffer is not None and self.overlong_buffer <= 0:
             raise ValueError(f"{self.name}: overlong_buffer must be positive or None")
-
-    def loss_kwargs(self) -> dict:
-        """The keyword arguments of `losses.policy_loss` this config sets."""
-        names = ("loss_mode", "clip_low", "clip_high", "clip_c", "agg", "kl_coef", "kl_estimator", "entropy_coef")
-        return {k: getattr(self, k) for k in names}
-
-    def advantage_kwargs(self) -> dict:
-        """The keyword arguments of `advantages.advantages` this config sets."""
-        return {"estimator": self.estimator, "norm_std": self.norm_std}
+        if self.agg_constant is not None and self.agg_constant <= 0:
+            raise ValueError(f"{self.name}: agg_constant must be positive or None, got {self.agg_constant}")
 
 
 PRESETS = {

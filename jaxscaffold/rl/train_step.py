@@ -138,35 +138,34 @@ Optimizer = optax.GradientTransformation | OptimizerConfig
 
 
 def make_train_step(model_config: Qwen3Config, algo: AlgorithmConfig, optimizer: Optimizer,
-                    *, num_micro_batches: int = 1, agg_constant: float | None = None, logprob_chunk: int | None = None,
-                    mesh=None, rules: ShardingRules = DEFAULT_RULES, with_reference: bool = False,
-                    score_masked_only: bool = True, backend=None, lora: lora_lib.LoraConfig | None = None,
-                    correction: Correction = NO_CORRECTION) -> Callable:
-    """Builds `train_step(state, batch[, ref_params]) -> (state, metrics)`, jitted.
+                    *, num_micro_batches: int = 1, logprob_chunk: int | None = None, mesh=None,
+                    rules: ShardingRules = DEFAULT_RULES, score_masked_only: bool = True, backend=None,
+                    lora: lora_lib.LoraConfig | None = None) -> Callable:
+    """Builds `train_step(state, batch, frozen=None) -> (state, metrics)`, jitted.
 
+    `algo` is the whole loss: the algorithm's settings with the run's (`agg_constant`, the
+    off-policy `correction`, the KL and entropy weights).
     `optimizer`: an optax transformation, or an `OptimizerConfig` (the same transformation as
     its `make()`; equal configs share compiled steps, so a run that builds its step anew, a
     resumed job or the next test, compiles nothing again).
     `logprob_chunk` is the sequence positions per logprob chunk (default: about 1024 tokens
     of the micro-batch, i.e. ~600 MB of f32 logits at Qwen3's vocabulary).
     With a mesh, the step has explicit in/out shardings (parameters and optimizer state as
-    the rules say, rows over the batch axes) and donates the state. `with_reference` adds the
-    frozen reference parameters argument (needed when `algo.kl_coef > 0`).
+    the rules say, rows over the batch axes) and donates the state.
+    `frozen`: the parameters the step reads but does not train, where it has any: the KL
+    reference (`algo.kl_coef` > 0: the initial parameters) or, with `lora`, the base.
     `score_masked_only` unembeds only the trained-on positions (their largest count in a row,
     bucketed to 16 * 2**k or 1.5 times that, is a static shape: one compiled program per
     bucket); off, every position.
     `backend` (default: the platform's, `backends.current()`) supplies the model's kernels
     (e.g. the CPU's dense-layer VJP); a memory plan or a FLOP count for an accelerator passes
     `backends.accelerator.Accelerator()` on any machine.
-    `lora` (a `models.lora.LoraConfig`): the step is `train_step(state, batch, base)`, the
-    state's parameters are the adapters (the only ones in the optimizer), `base` the frozen
-    parameters they are merged into (`lora.merge`); the reference, when `with_reference`, is
-    the base itself (the adapters at zero), so no reference argument.
+    `lora` (a `models.lora.LoraConfig`): the state's parameters are the adapters (the only ones
+    in the optimizer), `frozen` the base they are merged into (`lora.merge`); the KL reference
+    is the base itself (the adapters at zero).
     """
-    if algo.kl_coef and not with_reference:
-        raise ValueError(f"{algo.name}: kl_coef={algo.kl_coef} needs with_reference=True (frozen reference params)")
-    return _train_step(_Step(model_config, PolicyObjective(algo, agg_constant, logprob_chunk, correction), optimizer,
-                             num_micro_batches, mesh, rules, with_reference, backend or backends.current(), lora),
+    return _train_step(_Step(model_config, PolicyObjective(algo, logprob_chunk), optimizer, num_micro_batches, mesh,
+                             rules, bool(algo.kl_coef), backend or backends.current(), lora),
                        score_masked_only)
 
 
@@ -174,10 +173,10 @@ def make_sft_step(model_config: Qwen3Config, optimizer: Optimizer, *,
                   num_micro_batches: int = 1, logprob_chunk: int | None = None, mesh=None,
                   rules: ShardingRules = DEFAULT_RULES, score_masked_only: bool = True, backend=None,
                   lora: lora_lib.LoraConfig | None = None) -> Callable:
-    """`sft_step(state, batch) -> (state, metrics)`: token-level cross-entropy on the masked
-    tokens (mean over all of the batch's masked tokens), the same state, batch layout,
-    sharding, accumulation and non-finite guard as `make_train_step` (and its `lora`
-    form, `sft_step(state, batch, base)`); adv / old_logp unused."""
+    """`sft_step(state, batch, frozen=None) -> (state, metrics)`: token-level cross-entropy on
+    the masked tokens (mean over all of the batch's masked tokens), the same state, batch
+    layout, sharding, accumulation and non-finite guard as `make_train_step` (with `lora`,
+    `frozen` is the base); adv / old_logp unused."""
     return _train_step(_Step(model_config, SFTObjective(logprob_chunk), optimizer, num_micro_batches, mesh,
                              rules, with_reference=False, backend=backend or backends.current(), lora=lora),
                        score_masked_only)
@@ -198,20 +197,17 @@ def _logprobs(params, config, mb, num_positions, logprob_chunk):
 class PolicyObjective:
     """The RL policy loss of an algorithm (`rl.losses.policy_loss`) on a micro-batch."""
 
-    algo: AlgorithmConfig
-    agg_constant: float | None = None
+    algo: AlgorithmConfig  # with the run's agg_constant and correction (TIS weights come in the batch)
     logprob_chunk: int | None = None
-    correction: Correction = NO_CORRECTION  # MIS (`losses.Correction`; TIS weights come in the batch)
 
     def __call__(self, config, params, mb, denominators, ref_params, num_positions):
         logp, entropy = _logprobs(params, config, mb, num_positions, self.logprob_chunk)
         ref_logp = None
         if ref_params is not None:
             ref_logp = jax.lax.stop_gradient(_logprobs(ref_params, config, mb, num_positions, self.logprob_chunk)[0])
-        loss, metrics = policy_loss(logp, mb["old_logp_BT"], mb["adv_B"], mb["loss_mask_BT"], ref_logp_BT=ref_logp,
-                                    entropy_BT=entropy, agg_constant=self.agg_constant, denominators=denominators,
-                                    tis_weight_BT=mb.get("tis_weight_BT"), correction=self.correction,
-                                    sampler_logp_BT=mb.get("sampler_logp_BT"), **self.algo.loss_kwargs())
+        loss, metrics = policy_loss(logp, mb["old_logp_BT"], mb["adv_B"], mb["loss_mask_BT"], self.algo,
+                                    ref_logp_BT=ref_logp, entropy_BT=entropy, denominators=denominators,
+                                    tis_weight_BT=mb.get("tis_weight_BT"), sampler_logp_BT=mb.get("sampler_logp_BT"))
         # The current policy against the batch's old log-probs: at a rollout batch's first
         # optimizer step (no update yet) and with the sampler's log-probs, the mismatch.
         metrics.update(mismatch.mismatch_metrics(logp, mb["old_logp_BT"], mb["loss_mask_BT"],
@@ -245,7 +241,7 @@ class _Step:
     num_micro_batches: int
     mesh: Any
     rules: ShardingRules
-    with_reference: bool
+    with_reference: bool  # the loss's KL term reads frozen reference parameters
     backend: Any  # a frozen dataclass of `jaxscaffold.backends` (hashable): the model's kernels
     lora: lora_lib.LoraConfig | None = None  # trained parameters are adapters over a frozen base
 
@@ -259,7 +255,7 @@ def _update(step: _Step, num_positions, state: TrainState, batch: dict, ref_para
     """The optimizer step around the micro-batch loss: exact accumulation over micro-batches
     (every loss term divides by the full batch's counts) and a skipped non-finite step."""
     batch = {k: batch[k] for k in _batch_keys(batch)}
-    correction = getattr(step.objective, "correction", NO_CORRECTION)  # (SFT: none)
+    correction = step.objective.algo.correction if isinstance(step.objective, PolicyObjective) else NO_CORRECTION
     denominators = loss_denominators(batch["loss_mask_BT"], mis_batch_keep(
         batch["loss_mask_BT"], batch.get("old_logp_BT"), batch.get("sampler_logp_BT"), correction))
     loss_fn = functools.partial(step.objective, step.backend.with_kernels(step.model_config))
@@ -347,22 +343,34 @@ def _scored_positions(batch, score_masked_only: bool) -> int | None:
 
 
 def _train_step(step: _Step, score_masked_only: bool) -> Callable:
-    def train_step(state, batch, *ref_params):
+    def train_step(state, batch, frozen=None):
         num_positions = _scored_positions(batch, score_masked_only)
         program = _program(step, num_positions, _batch_keys(batch))
         train_step.programs[num_positions] = program  # the variants this step used (tests count them)
-        return program(state, batch, *ref_params)
+        return program(state, batch, *_frozen_args(step, frozen))
 
-    def lower(state, batch, *ref_params, num_positions: int | None = None):
+    def lower(state, batch, frozen=None, *, num_positions: int | None = None):
         """The step's program lowered for these arguments (arrays or `jax.ShapeDtypeStruct`s
         with shardings) and `num_positions` scored positions a row (None: every position):
         its `.compile()` gives XLA's memory and cost analysis without running anything."""
         program = _program(step, num_positions if score_masked_only else None, _batch_keys(batch))
-        return program.lower(state, batch, *ref_params)
+        return program.lower(state, batch, *_frozen_args(step, frozen))
 
     train_step.programs = {}
     train_step.lower = lower
     return train_step
+
+
+def _frozen_args(step: _Step, frozen) -> tuple:
+    """The compiled update's extra arguments: (frozen,) where the step reads frozen parameters
+    (the KL reference, or LoRA's base), else ()."""
+    needed = step.with_reference or step.lora is not None
+    if needed and frozen is None:
+        raise ValueError("this train step needs its frozen parameters (LoRA's base, or the KL reference "
+                         "when kl_coef > 0): train_step(state, batch, frozen)")
+    if not needed and frozen is not None:
+        raise ValueError("this train step has no frozen parameters (no LoRA, kl_coef = 0): train_step(state, batch)")
+    return (frozen,) if needed else ()
 
 
 _MERGE = {"ratio_min": jnp.minimum, "ratio_max": jnp.maximum, "is_ratio_min": jnp.minimum,

@@ -39,8 +39,14 @@ class Job:
     row_multiple: int
     ref_params: Any = None  # frozen reference policy (the initial parameters) when kl_coef > 0
     lora: Any = None  # a `models.lora.LoraConfig` when the state trains LoRA adapters (then the reference is the base)
-    base_params: Any = None  # LoRA: the frozen base the adapters merge into (bound into `train_step`)
+    base_params: Any = None  # LoRA: the frozen base the adapters merge into
     spec: JobSpec | None = None  # what the job was built from
+
+    @property
+    def frozen(self):
+        """The train step's frozen argument: LoRA's base, the KL reference, or None (neither):
+        every update calls `train_step(state, batch, job.frozen)`."""
+        return self.base_params if self.lora is not None else self.ref_params
 
     def policy_params(self, params):
         """The parameters the samplers decode with, of the state's `params`: themselves, or
@@ -120,7 +126,6 @@ def build_job(cfg) -> tuple[Job, Any]:
         base_params = params
         params = lora_lib.init_adapters(model_config, spec.lora, jax.random.key(seeds.derive(spec.seed, "lora")),
                                         mesh=mesh, dtype=spec.adapter_dtype)
-        step_fn = bind_base(step_fn, base_params)
     # The reference is a copy (the state's parameters are donated to each step).
     ref_params = jax.tree.map(jnp.copy, params) if spec.reference_copy else None
     state = jax.device_put(init_train_state(params, opt), shardings)
@@ -134,10 +139,3 @@ def build_job(cfg) -> tuple[Job, Any]:
               row_multiple=spec.row_multiple(mesh), ref_params=ref_params, lora=spec.lora,
               base_params=base_params, spec=spec)
     return job, state
-
-
-def bind_base(lora_step, base_params):
-    """A LoRA step `(state, batch, base)` as `(state, batch)`, the form every caller uses."""
-    def train_step(state, batch):
-        return lora_step(state, batch, base_params)
-    return train_step

@@ -83,10 +83,12 @@ def correction(cfg: RunConfig) -> Correction:
 
 
 def algorithm_config(cfg: RunConfig) -> AlgorithmConfig:
-    """The run's algorithm: its preset with the config's coefficients. The run, not the preset,
-    sets DAPO's overlong shaping (rl.overlong_buffer, 0: off)."""
-    r = cfg.rl
-    return preset(r.algorithm, kl_coef=r.kl_coef, entropy_coef=r.entropy_coef, overlong_buffer=r.overlong_buffer or None)
+    """The run's algorithm: its preset with the config's coefficients, its off-policy correction
+    and its loss's token normaliser (`agg_constant`: a step's longest possible trained tokens).
+    The run, not the preset, sets DAPO's overlong shaping (rl.overlong_buffer, 0: off)."""
+    r, c = cfg.rl, cfg.rollout
+    return preset(r.algorithm, kl_coef=r.kl_coef, entropy_coef=r.entropy_coef, overlong_buffer=r.overlong_buffer or None,
+                  agg_constant=float(c.max_new_tokens * c.max_turns), correction=correction(cfg))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,12 +120,10 @@ class JobSpec:
     mesh_devices: int  # config.mesh.devices: the first n devices (0: all)
     model: model_config_lib.Qwen3Config
     optimizer: OptimizerConfig
-    algo: AlgorithmConfig
-    correction: Correction  # off-policy correction of sampled tokens (TIS, MIS)
+    algo: AlgorithmConfig  # with the run's overrides: its correction and agg_constant too
     lora: lora_lib.LoraConfig | None  # None: full fine-tuning
     adapter_dtype: str  # LoRA: the adapters' (trained) dtype; the base is in `model.param_dtype`
     micro_batches: int
-    agg_constant: float  # the loss's token normaliser: a step's longest possible trained tokens
     sampler_devices: int  # a process's sampler mesh: its first n devices (0: all; `multihost.rollout_mesh`)
     rollout_devices: int  # a split pod: the last n devices only sample (0: the training devices sample)
     sampler: SamplerSpec  # training rollouts
@@ -145,11 +145,20 @@ class JobSpec:
         return cls(
             mesh=MeshConfig(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor), mesh_devices=cfg.mesh.devices,
             model=model_config(cfg), optimizer=optimizer_config(cfg), algo=algorithm_config(cfg),
-            correction=correction(cfg), lora=lora_config(cfg.lora), adapter_dtype=cfg.model.param_dtype, micro_batches=cfg.rl.micro_batches,
-            agg_constant=float(c.max_new_tokens * c.max_turns), sampler_devices=c.sampler_devices,
-            rollout_devices=cfg.mesh.rollout_devices, sampler=SamplerSpec(rows, c.max_len, SamplingConfig(temperature=c.temperature, top_p=c.top_p), cache,
-                                                                            **paged),
+            lora=lora_config(cfg.lora), adapter_dtype=cfg.model.param_dtype, micro_batches=cfg.rl.micro_batches,
+            sampler_devices=c.sampler_devices, rollout_devices=cfg.mesh.rollout_devices,
+            sampler=SamplerSpec(rows, c.max_len, SamplingConfig(temperature=c.temperature, top_p=c.top_p), cache, **paged),
             eval_sampler=SamplerSpec(eval_rows, e.max_len or c.max_len, GREEDY, cache, **paged), seed=cfg.seed)
+
+    @property
+    def correction(self) -> Correction:
+        """The off-policy correction of sampled tokens (TIS, MIS), the algorithm's."""
+        return self.algo.correction
+
+    @property
+    def agg_constant(self) -> float:
+        """The loss's token normaliser: a step's longest possible trained tokens."""
+        return self.algo.agg_constant
 
     @property
     def with_reference(self) -> bool:
@@ -170,12 +179,12 @@ class JobSpec:
         return lora_lib.adapter_shapes(self.model, self.lora, self.adapter_dtype)
 
     def train_step(self, *, mesh=None, backend=None):
-        """The jitted train step of this spec (`rl.train_step.make_train_step`). Its arguments
-        are `(state, batch)`, plus the reference (or LoRA's base) where `with_reference` or LoRA."""
+        """The jitted train step of this spec (`rl.train_step.make_train_step`):
+        `(state, batch, frozen=None)`, `frozen` the reference (or LoRA's base) where
+        `with_reference` or LoRA."""
         # The config (not an optax object) names the optimizer: equal specs share the compiled step.
         return make_train_step(self.model, self.algo, self.optimizer, num_micro_batches=self.micro_batches,
-                               mesh=mesh, agg_constant=self.agg_constant, with_reference=self.with_reference,
-                               backend=backend, lora=self.lora, correction=self.correction)
+                               mesh=mesh, backend=backend, lora=self.lora)
 
     def rollout_mesh(self, train_mesh, rollout_devices: list | None = None) -> tuple:
         """(mesh, rules) the samplers run on: this process's devices of the training mesh

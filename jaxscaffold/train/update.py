@@ -13,7 +13,7 @@ from jaxscaffold.models.sharding import shard_batch
 from jaxscaffold.rl import dapo
 from jaxscaffold.rl.advantages import advantages
 from jaxscaffold.rl.train_step import make_old_logprob_step
-from jaxscaffold.train.job import Job, correction
+from jaxscaffold.train.job import Job
 from jaxscaffold.train.multihost import allgather_json, process_batch
 from jaxscaffold.episodes.episode import Episode
 
@@ -42,7 +42,7 @@ def train_on(job: Job, state, episodes: list[Episode]):
         batches.append(shard_batch(batch, job.mesh) if job.mesh is not None else batch)
     measured = None
     if r.recompute_old_logprobs and batches:
-        recompute = make_old_logprob_step(job.model_config, correction=correction(job.cfg),
+        recompute = make_old_logprob_step(job.model_config, correction=job.algo.correction,
                                           num_micro_batches=r.micro_batches, mesh=job.mesh)
         policy = job.policy_params(state.params)  # LoRA: the base merged with the adapters
         batches, parts = zip(*(recompute(policy, b) for b in batches))  # before any update
@@ -51,7 +51,7 @@ def train_on(job: Job, state, episodes: list[Episode]):
     steps = []
     for _ in range(r.ppo_epochs):
         for batch in batches:
-            state, m = job.train_step(state, batch, *(() if job.ref_params is None else (job.ref_params,)))
+            state, m = job.train_step(state, batch, job.frozen)
             steps.append({k: float(v) for k, v in jax.device_get(m).items()})
     metrics = {k: float(np.mean([s[k] for s in steps])) for k in steps[0]} if steps else {}
     if steps:  # the mismatch before any update, not a mean that mixes in the policy's own drift
@@ -69,8 +69,7 @@ def row_advantages(episodes: Sequence[Episode], rewards: np.ndarray, algo, group
     row_rewards = np.repeat(np.asarray(rewards, np.float64), counts)
     row_groups = np.repeat(np.asarray([e.group for e in episodes]), counts)
     row_episodes = np.repeat(np.arange(len(episodes)), counts)
-    return advantages(row_rewards, row_groups, traj_ids_N=row_episodes, count=group_stats,
-                      **algo.advantage_kwargs())
+    return advantages(row_rewards, row_groups, algo, traj_ids_N=row_episodes, count=group_stats)
 
 
 def minibatches(num_rows: int, num_minibatches: int, minibatch_rows: int = 0,

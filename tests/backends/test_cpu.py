@@ -10,7 +10,7 @@ from jaxscaffold import compiler
 from jaxscaffold.backends import cpu
 from jaxscaffold.models import hf_io, qwen3
 from tests.models.hf_reference import make_hf_model
-from tests.models.test_qwen3_parity import check_bf16_cache, check_prefill_then_steps
+from tests.models.test_parity import check_bf16_cache, check_prefill_then_steps
 
 forward = jax.jit(qwen3.forward, static_argnums=1)
 cpu_forward = jax.jit(cpu.forward, static_argnums=1, static_argnames=("window",))

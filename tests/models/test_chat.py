@@ -1,5 +1,8 @@
-"""Chat rendering to ids, checked against transformers' apply_chat_template with Qwen3's real
-chat template (tests/models/fixtures/qwen3_chat_template.jinja)."""
+"""Chat rendering to ids, checked against transformers' apply_chat_template, for each chat
+format: Qwen3's real chat template (tests/models/fixtures/qwen3_chat_template.jinja) and
+Qwen2.5's (a local Qwen2.5 tokenizer dir, its template `tokenizer.QWEN25_CHAT_TEMPLATE`), plus
+hand-written expectations of what each template is known to render (Qwen2.5: a default system
+prompt, no <think>)."""
 
 from __future__ import annotations
 
@@ -9,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from jaxscaffold.models.chat import STRUCTURE_TOKENS, Qwen3ChatRenderer
-from jaxscaffold.models.tokenizer import HFTokenizer, QwenOfflineTokenizer, cached_hf_tokenizer_dir
+from jaxscaffold.models import chat
+from jaxscaffold.models.chat import QWEN25, STRUCTURE_TOKENS, Qwen3ChatRenderer
+from jaxscaffold.models.tokenizer import (QWEN25_DEFAULT_SYSTEM, QWEN25_TOKENIZER_SIZE, HFTokenizer,
+                                          QwenOfflineTokenizer, cached_hf_tokenizer_dir, write_hf_tokenizer)
 
 TEMPLATE = (Path(__file__).parent / "fixtures" / "qwen3_chat_template.jinja").read_text("utf-8")
 
@@ -26,14 +31,46 @@ def offline() -> QwenOfflineTokenizer:
     return QwenOfflineTokenizer()
 
 
+@pytest.fixture(scope="session")
+def hf25(tmp_path_factory) -> HFTokenizer:
+    return HFTokenizer(write_hf_tokenizer(tmp_path_factory.mktemp("qwen25-tok"), family="qwen2.5"))
+
+
 @pytest.fixture(params=["offline", "hf"])
 def renderer(request, offline, hf) -> Qwen3ChatRenderer:
     return Qwen3ChatRenderer(offline if request.param == "offline" else hf)
 
 
+@pytest.fixture(params=["offline", "hf"])
+def renderer25(request, hf25) -> Qwen3ChatRenderer:
+    # The offline tokenizer is Qwen3's; told the format, it gives Qwen2.5's ids (same BPE, and
+    # the tokens Qwen2.5 lacks are text in its format).
+    if request.param == "offline":
+        return Qwen3ChatRenderer(QwenOfflineTokenizer(), QWEN25)
+    return Qwen3ChatRenderer(hf25)
+
+
+@pytest.fixture(params=["qwen3", "qwen2.5"])
+def each_format(request, hf, hf25) -> tuple:
+    """(chat format family, its transformers tokenizer: the reference) of each format."""
+    return request.param, (hf if request.param == "qwen3" else hf25)
+
+
+@pytest.fixture(params=["offline", "hf"])
+def each_renderer(request, each_format, offline) -> tuple:
+    """(renderer, reference) of each format, the renderer on the offline tokenizer (told the
+    format) or on the reference itself."""
+    family, reference = each_format
+    if request.param == "hf":
+        return Qwen3ChatRenderer(reference), reference
+    return Qwen3ChatRenderer(offline) if family == "qwen3" else Qwen3ChatRenderer(offline, QWEN25), reference
+
+
 def hf_text(hf, messages, tools=None, **kwargs) -> str:
+    """transformers' render: Qwen3's real template, or a Qwen2.5 tokenizer's own."""
+    template = None if chat.format_for(hf) is QWEN25 else TEMPLATE
     return hf.hf.apply_chat_template(copy.deepcopy(messages), tools=tools, tokenize=False,
-                                     chat_template=TEMPLATE, **kwargs)
+                                     chat_template=template, **kwargs)
 
 
 def hf_ids(hf, messages, tools=None, **kwargs) -> list[int]:
@@ -127,7 +164,8 @@ GEN_OPTIONS = {
 @pytest.mark.parametrize("with_tools", [False, True], ids=["no_tools", "tools"])
 @pytest.mark.parametrize("gen", GEN_OPTIONS)
 @pytest.mark.parametrize("case", CASES)
-def test_render_matches_hf_template(renderer, hf, case, gen, with_tools):
+def test_render_matches_hf_template(each_renderer, case, gen, with_tools):
+    renderer, hf = each_renderer
     messages, tools, kwargs = CASES[case], TOOLS if with_tools else None, GEN_OPTIONS[gen]
     ids = renderer.render(messages, tools=tools, **kwargs)
     assert ids == hf_ids(hf, messages, tools, **kwargs)
@@ -238,9 +276,11 @@ AGENT_LOOP = [
 ]
 
 
-def test_incremental_rollout_equals_full_render(renderer, hf):
-    # One query then an agentic loop: the template strips nothing, so a token-in-token-out
-    # rollout (history never re-tokenised) reproduces the full render exactly.
+def test_incremental_rollout_equals_full_render(each_renderer):
+    # One query then an agentic loop: the template strips nothing (Qwen2.5's: no reasoning to
+    # drop), so a token-in-token-out rollout (history never re-tokenised) reproduces the full
+    # render exactly.
+    renderer, hf = each_renderer
     tok = renderer.tokenizer
     ids = renderer.render(AGENT_LOOP[:2], tools=TOOLS, add_generation_prompt=True)
     i = 2
@@ -296,3 +336,54 @@ def test_multi_query_rollout_is_stripping_case(renderer):
     full = renderer.render(messages)
     assert ids + renderer.tokenizer.encode("\n") != full
     assert "2+2=4" in renderer.tokenizer.decode(ids) and "2+2=4" not in renderer.tokenizer.decode(full)
+
+
+# ------------------------------------------------------ Qwen2.5's format only
+
+
+def test_the_tokenizer_is_qwen25s(hf25):
+    """22 added tokens (no <think> / <tool_response>), which the format is read from."""
+    hf = hf25
+    assert hf.vocab_size == QWEN25_TOKENIZER_SIZE == 151665
+    assert "<think>" not in hf.special_ids and hf.token_id("<tool_call>") == 151657
+    assert chat.format_for(hf25) is QWEN25 and chat.format_for(QwenOfflineTokenizer()) is chat.QWEN3
+    assert max(hf.hf.encode("<tool_response>x</tool_response><think>", add_special_tokens=False)) < 151643
+
+
+def test_default_system_prompt_and_no_thinking(renderer25):
+    """What Qwen2.5's template is known to write, independently of the template text above:
+    its default system turn when none is given, reasoning dropped, content kept as written,
+    and the same generation prompt with or without `enable_thinking`."""
+    renderer = renderer25
+    tok = renderer.tokenizer
+    messages = [{"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "<think>x</think>Hello", "reasoning_content": "hidden"}]
+    assert tok.decode(renderer.render(messages, add_generation_prompt=True, enable_thinking=False)) == (
+        f"<|im_start|>system\n{QWEN25_DEFAULT_SYSTEM}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\n<think>x</think>Hello<|im_end|>\n<|im_start|>assistant\n")
+    assert QWEN25_DEFAULT_SYSTEM not in tok.decode(renderer.render([SYSTEM, messages[0]]))
+    assert renderer.generation_prompt(enable_thinking=False) == renderer.generation_prompt() == [
+        151644, *tok.encode("assistant\n")]
+
+
+def test_tool_turns_and_string_arguments(renderer25):
+    """Tool calls as in Qwen's function-calling format, string arguments JSON-encoded (the
+    template's `tojson`), results in one user turn whose <tool_response> tags are text."""
+    renderer = renderer25
+    tok = renderer.tokenizer
+    messages = [{"role": "user", "content": "q"},
+                {"role": "assistant", "content": "", "tool_calls": [{"name": "f", "arguments": '{"a": 1}'}]},
+                {"role": "tool", "content": "r1"}, {"role": "tool", "content": "r2"}]
+    ids = renderer.render(messages)
+    assert tok.decode(ids).endswith(
+        '<|im_start|>assistant\n<tool_call>\n{"name": "f", "arguments": "{\\"a\\": 1}"}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\nr1\n</tool_response>\n<tool_response>\nr2\n</tool_response><|im_end|>\n")
+    assert ids.count(151644) == 4 and max(i for i in ids if i not in (151644, 151645, 151657, 151658)) < 151643
+
+
+def test_a_tokenizer_of_neither_family_is_refused(tmp_path):
+    class Bare(QwenOfflineTokenizer):
+        special_ids = {"<|im_start|>": 1}
+
+    with pytest.raises(ValueError, match="neither Qwen3's nor Qwen2.5's"):
+        Qwen3ChatRenderer(Bare())

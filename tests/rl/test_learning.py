@@ -40,7 +40,7 @@ def test_grpo_learns_to_repeat_the_named_token(algo):
         resp = np.stack([gens[r].tokens for r in range(rows)])
         reward = (resp == targets[:, None]).mean(1)
         history.append(reward.mean())
-        adv = advantages(reward, np.repeat(np.arange(PROMPTS), GROUP), "grpo")
+        adv = advantages(reward, np.repeat(np.arange(PROMPTS), GROUP), preset("grpo"))
         tokens = np.concatenate([np.stack([prompts[r] for r in range(rows)]), resp], 1).astype(np.int32)
         old = np.zeros(tokens.shape, np.float32)
         old[:, 2:] = np.stack([gens[r].logprobs for r in range(rows)])

@@ -15,6 +15,12 @@ AGGS = losses.AGG_MODES
 AGG_CONSTANT = 7.0  # "max response length" of the sum-norm mode (any constant > 0)
 GSPO_CLIP = dict(clip_low=3e-4, clip_high=4e-4)
 
+
+def algo(**settings):
+    """The algorithm a loss is computed for: these settings over plain PPO without dual clip,
+    token-mean (a test's defaults, not a preset's)."""
+    return presets.AlgorithmConfig(name="test", **{"agg": "token-mean", "clip_c": None, **settings})
+
 # Hand-made batch: masked env token inside row 0, a single-token row 2, an empty row 5.
 MASK = np.array(
     [
@@ -73,16 +79,16 @@ def mode_kwargs(mode):
 
 
 def jax_loss_and_grad(batch, mode, agg, extras, *, poison_padding=False):
-    kw = dict(loss_mode=mode, agg=agg, agg_constant=AGG_CONSTANT, **mode_kwargs(mode))
+    settings, kw = dict(loss_mode=mode, agg=agg, agg_constant=AGG_CONSTANT, **mode_kwargs(mode)), {}
     if extras:
-        kw.update(ref_logp_BT=jnp.asarray(batch["ref"], jnp.float32), kl_coef=0.05, kl_estimator="k3",
-                  entropy_BT=jnp.asarray(batch["entropy"], jnp.float32), entropy_coef=0.01)  # fmt: skip
+        settings.update(kl_coef=0.05, kl_estimator="k3", entropy_coef=0.01)
+        kw.update(ref_logp_BT=jnp.asarray(batch["ref"], jnp.float32), entropy_BT=jnp.asarray(batch["entropy"], jnp.float32))
     logp = batch["logp"]
     if poison_padding:
         logp = np.where(MASK > 0, logp, np.nan)  # padding must never reach the loss or gradient
 
     def f(logp_BT):
-        return losses.policy_loss(logp_BT, jnp.asarray(batch["old"], jnp.float32), ADV, MASK, **kw)
+        return losses.policy_loss(logp_BT, jnp.asarray(batch["old"], jnp.float32), ADV, MASK, algo(**settings), **kw)
 
     (loss, metrics), grad = jax.value_and_grad(f, has_aux=True)(jnp.asarray(logp, jnp.float32))
     return float(loss), np.asarray(grad), {k: float(v) for k, v in metrics.items()}
@@ -160,7 +166,7 @@ def test_equal_rewards_give_zero_advantage_and_zero_gradient():
     rng = np.random.RandomState(1)
     rewards = np.array([1, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 1], np.float32)
     groups = np.repeat([0, 1, 2], 4)
-    adv = advantages(rewards, groups, "grpo")
+    adv = advantages(rewards, groups, presets.preset("grpo"))
     assert np.all(adv[:8] == 0) and np.all(adv[8:] != 0)
     mask = (rng.uniform(size=(12, 6)) < 0.8).astype(np.float32)
     mask[:, 0] = 1
@@ -169,12 +175,12 @@ def test_equal_rewards_give_zero_advantage_and_zero_gradient():
 
     @jax.jit
     def grad_for(adv_B):
-        return jax.grad(lambda lp: losses.policy_loss(lp, old, adv_B, mask, agg="seq-mean-token-mean",
-                                                      clip_c=3.0)[0])(jnp.asarray(logp))  # fmt: skip
+        return jax.grad(lambda lp: losses.policy_loss(lp, old, adv_B, mask, algo(agg="seq-mean-token-mean",
+                                                                                 clip_c=3.0))[0])(jnp.asarray(logp))
 
     g = np.asarray(grad_for(adv))
     assert np.all(g[:8] == 0) and np.any(g[8:] != 0)
-    assert np.all(np.asarray(grad_for(advantages(np.ones(12), groups))) == 0)
+    assert np.all(np.asarray(grad_for(advantages(np.ones(12), groups, presets.preset("grpo")))) == 0)
 
 
 def test_clip_higher_changes_only_the_upper_side():
@@ -224,15 +230,15 @@ def test_kl_and_entropy_terms_add_to_the_loss(agg):
     batch = make_batch("ppo")
     kw = dict(agg=agg, agg_constant=AGG_CONSTANT, clip_high=0.28, clip_c=3.0)
     args = (jnp.asarray(batch["logp"], jnp.float32), batch["old"], ADV, MASK)
-    base, _ = losses.policy_loss(*args, **kw)
+    base, _ = losses.policy_loss(*args, algo(**kw))
     for est in losses.KL_ESTIMATORS:
-        with_kl, m = losses.policy_loss(*args, ref_logp_BT=batch["ref"], kl_coef=0.3, kl_estimator=est, **kw)
+        with_kl, m = losses.policy_loss(*args, algo(kl_coef=0.3, kl_estimator=est, **kw), ref_logp_BT=batch["ref"])
         kl_agg = losses.aggregate(losses.kl_penalty(batch["logp"], batch["ref"], est), MASK, agg,
                                   agg_constant=AGG_CONSTANT)  # fmt: skip
         np.testing.assert_allclose(with_kl - base, 0.3 * kl_agg, rtol=1e-5, atol=1e-6)
         kv, _ = ref.kl_and_grad(batch["logp"], batch["ref"], MASK, est)
         np.testing.assert_allclose(m["kl"], kv[MASK > 0].mean(), rtol=1e-5)
-    with_ent, m = losses.policy_loss(*args, entropy_BT=batch["entropy"], entropy_coef=0.1, **kw)
+    with_ent, m = losses.policy_loss(*args, algo(entropy_coef=0.1, **kw), entropy_BT=batch["entropy"])
     ent_agg = losses.aggregate(jnp.asarray(batch["entropy"], jnp.float32), MASK, agg, agg_constant=AGG_CONSTANT)
     np.testing.assert_allclose(base - with_ent, 0.1 * ent_agg, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(m["entropy"], batch["entropy"][MASK > 0].mean(), rtol=1e-5)
@@ -262,8 +268,8 @@ def test_gradient_accumulation_is_exact(mode, agg):
 
     def step(logp, old, adv, mask, ref_logp, entropy, denominators):
         def f(lp):
-            return losses.policy_loss(lp, old, adv, mask, ref_logp_BT=ref_logp, entropy_BT=entropy,
-                                      denominators=denominators, **kw)  # fmt: skip
+            return losses.policy_loss(lp, old, adv, mask, algo(**kw), ref_logp_BT=ref_logp, entropy_BT=entropy,
+                                      denominators=denominators)  # fmt: skip
 
         return jax.value_and_grad(f, has_aux=True)(logp)
 
@@ -300,15 +306,19 @@ def test_aggregation_modes_by_hand():
 def test_errors():
     x, m = jnp.zeros((2, 3)), jnp.ones((2, 3))
     with pytest.raises(ValueError, match="agg_constant"):
-        losses.policy_loss(x, x, jnp.zeros(2), m, agg="seq-mean-token-sum-norm")
+        losses.policy_loss(x, x, jnp.zeros(2), m, algo(agg="seq-mean-token-sum-norm"))
     with pytest.raises(ValueError, match="unknown agg"):
-        losses.policy_loss(x, x, jnp.zeros(2), m, agg="mean")
+        losses.aggregate(x, m, "mean")
+    with pytest.raises(ValueError, match="agg='mean' is not one of"):  # the algorithm refuses it first
+        losses.policy_loss(x, x, jnp.zeros(2), m, algo(agg="mean"))
     with pytest.raises(ValueError, match="loss_mode"):
-        losses.policy_loss(x, x, jnp.zeros(2), m, loss_mode="grpo")
+        losses.policy_loss(x, x, jnp.zeros(2), m, algo(loss_mode="grpo"))
     with pytest.raises(ValueError, match="clip_c > 1"):
-        losses.policy_loss(x, x, jnp.zeros(2), m, clip_c=0.5)
+        losses.policy_loss(x, x, jnp.zeros(2), m, algo(clip_c=0.5))
     with pytest.raises(ValueError, match="ref_logp_BT"):
-        losses.policy_loss(x, x, jnp.zeros(2), m, kl_coef=0.1)
+        losses.policy_loss(x, x, jnp.zeros(2), m, algo(kl_coef=0.1))
+    with pytest.raises(ValueError, match="agg_constant must be positive"):
+        algo(agg="seq-mean-token-sum-norm", agg_constant=0)
     with pytest.raises(ValueError, match="kl_estimator"):
         losses.kl_penalty(x, x, "k4")
 
@@ -337,10 +347,10 @@ def test_presets_follow_the_reference():
 
 @pytest.mark.parametrize("name", sorted(presets.PRESETS))
 def test_presets_drive_a_jitted_loss(name):
-    cfg = presets.preset(name)
+    cfg = presets.preset(name, agg_constant=6)
     b = random_batch(5)
-    f = jax.jit(functools.partial(losses.policy_loss, agg_constant=6, **cfg.loss_kwargs()))
+    f = jax.jit(functools.partial(losses.policy_loss, algo=cfg))
     loss, metrics = f(b["logp"], b["old"], b["adv"], b["mask"])
-    eager, _ = losses.policy_loss(b["logp"], b["old"], b["adv"], b["mask"], agg_constant=6, **cfg.loss_kwargs())
+    eager, _ = losses.policy_loss(b["logp"], b["old"], b["adv"], b["mask"], cfg)
     assert np.isfinite(float(loss)) and float(loss) == pytest.approx(float(eager), rel=1e-6)
-    assert advantages(np.array([1.0, 0.0]), np.array([0, 0]), **cfg.advantage_kwargs()).shape == (2,)
+    assert advantages(np.array([1.0, 0.0]), np.array([0, 0]), cfg).shape == (2,)

@@ -11,7 +11,7 @@ import pytest
 
 from jaxscaffold.rl import losses
 from tests.rl import numpy_reference as ref
-from tests.rl.test_losses import ADV, AGG_CONSTANT, MASK, PPO_LOG_RATIO
+from tests.rl.test_losses import ADV, AGG_CONSTANT, MASK, PPO_LOG_RATIO, algo
 
 LO, HI = 0.8, 1.3
 
@@ -67,8 +67,8 @@ def test_mis_loss_gradient_and_metrics_match_reference(mode, agg):
     correction = losses.Correction(mis=mode, mis_lo=LO, mis_hi=HI)
 
     def f(x):
-        return losses.policy_loss(x, jnp.asarray(old, jnp.float32), ADV, MASK, loss_mode="ppo", clip_low=0.2,
-                                  clip_high=0.28, clip_c=3.0, agg=agg, correction=correction)
+        return losses.policy_loss(x, jnp.asarray(old, jnp.float32), ADV, MASK, algo(loss_mode="ppo", clip_low=0.2,
+                                  clip_high=0.28, clip_c=3.0, agg=agg, correction=correction))
 
     (loss, metrics), grad = jax.value_and_grad(f, has_aux=True)(jnp.asarray(logp, jnp.float32))
     keep = ref_keep(logp - old, MASK, mode, LO, HI)
@@ -90,7 +90,7 @@ def test_mis_with_recomputed_old_logprobs_tests_old_over_sampler():
     sampler = np.where(MASK > 0, logp - PPO_LOG_RATIO, 0.0)
     correction = losses.Correction(mis="token", mis_lo=LO, mis_hi=HI)
     loss, metrics = losses.policy_loss(jnp.asarray(logp, jnp.float32), jnp.asarray(logp, jnp.float32), ADV, MASK,
-                                       clip_c=3.0, clip_high=0.28, agg="token-mean", correction=correction,
+                                       algo(clip_c=3.0, clip_high=0.28, agg="token-mean", correction=correction),
                                        sampler_logp_BT=jnp.asarray(sampler, jnp.float32))
     keep = ref_keep(logp - sampler, MASK, "token", LO, HI)
     ref_loss, _ = ref_mis_loss(logp, logp, ADV, MASK, keep, "token-mean")
@@ -101,8 +101,8 @@ def test_mis_with_recomputed_old_logprobs_tests_old_over_sampler():
 def test_mis_off_is_the_uncorrected_loss_and_bad_settings_are_errors():
     logp, old = batch()
     args = (jnp.asarray(logp, jnp.float32), jnp.asarray(old, jnp.float32), ADV, MASK)
-    plain, m0 = losses.policy_loss(*args)
-    off, m1 = losses.policy_loss(*args, correction=losses.Correction(mis="off"))
+    plain, m0 = losses.policy_loss(*args, algo())
+    off, m1 = losses.policy_loss(*args, algo(correction=losses.Correction(mis="off")))
     assert float(plain) == float(off) and set(m0) == set(m1) and "mis_masked" not in m1
     with pytest.raises(ValueError, match="mis"):
         losses.Correction(mis="tokens")
@@ -124,9 +124,10 @@ def test_mis_denominator_kept_drops_masked_tokens_from_the_counts(mode, agg):
     assert 0 < keep.sum() < MASK.sum()
 
     def f(x, rows=slice(None), denominators=None):
-        return losses.policy_loss(x, jnp.asarray(old[rows], jnp.float32), ADV[rows], MASK[rows], loss_mode="ppo",
-                                  clip_low=0.2, clip_high=0.28, clip_c=3.0, agg=agg, agg_constant=AGG_CONSTANT,
-                                  correction=correction, sampler_logp_BT=jnp.asarray(sampler[rows], jnp.float32),
+        return losses.policy_loss(x, jnp.asarray(old[rows], jnp.float32), ADV[rows], MASK[rows],
+                                  algo(loss_mode="ppo", clip_low=0.2, clip_high=0.28, clip_c=3.0, agg=agg,
+                                       agg_constant=AGG_CONSTANT, correction=correction),
+                                  sampler_logp_BT=jnp.asarray(sampler[rows], jnp.float32),
                                   denominators=denominators)
 
     (loss, metrics), grad = jax.value_and_grad(f, has_aux=True)(jnp.asarray(logp, jnp.float32))
@@ -138,8 +139,8 @@ def test_mis_denominator_kept_drops_masked_tokens_from_the_counts(mode, agg):
     np.testing.assert_allclose(float(metrics["mis_masked"]), 1.0 - keep[MASK > 0].mean(), rtol=1e-6)
     # "all" divides by every token: a different loss whenever something is masked.
     all_counts, _ = losses.policy_loss(jnp.asarray(logp, jnp.float32), jnp.asarray(old, jnp.float32), ADV, MASK,
-                                       clip_low=0.2, clip_high=0.28, clip_c=3.0, agg=agg, agg_constant=AGG_CONSTANT,
-                                       correction=losses.Correction(mis=mode, mis_lo=LO, mis_hi=HI),
+                                       algo(clip_low=0.2, clip_high=0.28, clip_c=3.0, agg=agg, agg_constant=AGG_CONSTANT,
+                                            correction=losses.Correction(mis=mode, mis_lo=LO, mis_hi=HI)),
                                        sampler_logp_BT=jnp.asarray(sampler, jnp.float32))
     assert abs(float(all_counts) - float(loss)) > 1e-4
     # Exact accumulation: two micro-batches with the full batch's counts.
@@ -157,7 +158,7 @@ def test_mis_denominator_kept_needs_recomputed_old_logprobs():
     correction = losses.Correction(mis="token", mis_lo=LO, mis_hi=HI, mis_denominator="kept")
     with pytest.raises(ValueError, match="recompute_old_logprobs"):
         losses.policy_loss(jnp.asarray(logp, jnp.float32), jnp.asarray(old, jnp.float32), ADV, MASK,
-                           correction=correction)
+                           algo(correction=correction))
     with pytest.raises(ValueError, match="mis_denominator"):
         losses.Correction(mis="token", mis_denominator="some")
 
@@ -181,7 +182,7 @@ def test_the_train_step_divides_by_the_full_batchs_kept_counts():
     def update(n, denominator):
         sgd = optax.sgd(1.0)
         correction = losses.Correction(mis="token", mis_lo=LO, mis_hi=HI, mis_denominator=denominator)
-        step = make_train_step(CONFIG, preset("grpo"), sgd, num_micro_batches=n, correction=correction)
+        step = make_train_step(CONFIG, preset("grpo", correction=correction), sgd, num_micro_batches=n)
         state, metrics = step(init_train_state(jax.tree.map(jnp.copy, params), sgd), b)
         return jax.tree.map(lambda x, y: np.asarray(x) - np.asarray(y), state.params, params), metrics
 

@@ -10,7 +10,7 @@ import pytest
 from jaxscaffold.rl import logprobs as lp_lib
 from jaxscaffold.rl import mismatch
 from jaxscaffold.rl.losses import policy_loss
-from jaxscaffold.rl.presets import preset
+from jaxscaffold.rl.presets import AlgorithmConfig, preset
 from jaxscaffold.rl.train_step import init_train_state, make_old_logprob_step, make_train_step
 from tests.rl import numpy_reference as ref
 from tests.rl.test_train_step import CONFIG, _batch, _params
@@ -103,8 +103,9 @@ def test_tis_weights_scale_each_tokens_surrogate():
         want = np.sum(weights * w * tok)
 
         def loss(x):
-            return policy_loss(x, jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask), clip_low=0.2, clip_high=0.28,
-                               clip_c=3.0, agg=agg, tis_weight_BT=jnp.asarray(w))
+            return policy_loss(x, jnp.asarray(old), jnp.asarray(adv), jnp.asarray(mask),
+                               AlgorithmConfig("test", clip_low=0.2, clip_high=0.28, clip_c=3.0, agg=agg),
+                               tis_weight_BT=jnp.asarray(w))
         with jax.enable_x64(True):
             value, metrics = loss(jnp.asarray(logp))
             grad = jax.grad(lambda x: loss(x)[0])(jnp.asarray(logp))

@@ -1,4 +1,6 @@
-"""The sampler against the model's own full forward (teacher forcing) and the math of sampling."""
+"""The sampler against the model's own full forward (teacher forcing) and the math of sampling.
+Greedy decoding and log-probs are checked for each architecture (Qwen3; Qwen2.5, "qwen2": q/k/v
+biases, no q/k norms); the rest on Qwen3."""
 
 import collections
 import contextlib
@@ -23,11 +25,25 @@ full_forward = jax.jit(qwen3.forward, static_argnums=1)
 LAYOUTS = ["per_layer", "stacked"]  # the CPU default (unrolled, per-layer buffers) and scan
 
 
+def _checkpoint(tmp_path_factory, model_type):
+    path = tmp_path_factory.mktemp(f"{model_type}-ckpt")
+    make_hf_model(vocab=VOCAB, hidden=64, inter=128, heads=4, kv_heads=2, head_dim=16, std=0.3,
+                  model_type=model_type).save_pretrained(path)
+    config, params = hf_io.load_pretrained(str(path))
+    if model_type == "qwen2":
+        assert config.qkv_bias and not config.qk_norm
+    return config, params
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ckpt")
-    make_hf_model(vocab=VOCAB, hidden=64, inter=128, heads=4, kv_heads=2, head_dim=16, std=0.3).save_pretrained(path)
-    return hf_io.load_pretrained(str(path))
+    return _checkpoint(tmp_path_factory, "qwen3")
+
+
+@pytest.fixture(scope="module", params=["qwen3", "qwen2"])
+def each_model(request, tmp_path_factory):
+    """The test's model of each architecture (Qwen3's is `model`)."""
+    return request.getfixturevalue("model") if request.param == "qwen3" else _checkpoint(tmp_path_factory, "qwen2")
 
 
 def teacher_forced_logprobs(params, config, ids):
@@ -38,7 +54,8 @@ def teacher_forced_logprobs(params, config, ids):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_greedy_equals_repeated_argmax_of_full_forward(model, layout):
+def test_greedy_equals_repeated_argmax_of_full_forward(each_model, layout):
+    model = each_model
     config, params = model
     sampler = Sampler(config, batch_size=4, max_len=64, sampling=GREEDY, stop_ids=(), cache_dtype="float32",
                       layout=layout)
@@ -47,18 +64,22 @@ def test_greedy_equals_repeated_argmax_of_full_forward(model, layout):
     prompts = {s: list(rng.randint(0, VOCAB, n)) for s, n in enumerate([9, 1, 5, 13])}
     state = sampler.extend(params, sampler.init_state(), prompts)
     state, out = sampler.generate(params, state, list(prompts), max_new_tokens=12, seeds=[0, 1, 2, 3])
-    for slot, prompt in prompts.items():
+    width = 32  # every sequence right-padded to one length: one compiled forward (causal, so padding after
+    for slot, prompt in prompts.items():  # the last real token changes none of its logits)
         seq = list(prompt)
         for _ in range(12):  # repeated argmax of the full (uncached) forward
-            logits = full_forward(model[1], config, jnp.asarray(seq, jnp.int32)[None])
-            seq.append(int(jnp.argmax(logits[0, -1])))
+            tokens = np.zeros((1, width), np.int32)
+            tokens[0, :len(seq)] = seq
+            segments = (np.arange(width) < len(seq)).astype(np.int32)[None]
+            logits = full_forward(model[1], config, jnp.asarray(tokens), segment_ids_BT=jnp.asarray(segments))
+            seq.append(int(jnp.argmax(logits[0, len(seq) - 1])))
         assert list(out[slot].tokens) == seq[len(prompt):], slot
         assert out[slot].finish_reason == "length"
 
 
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-4), ("bfloat16", None)])
-def test_logprobs_equal_teacher_forcing(model, dtype, tol, capsys):
-    config, params = model
+def test_logprobs_equal_teacher_forcing(each_model, dtype, tol, capsys):
+    config, params = each_model
     cfg = config.replace(compute_dtype=dtype)
     sampler = Sampler(cfg, batch_size=3, max_len=64, sampling=SamplingConfig(temperature=1.0),
                       stop_ids=(), cache_dtype=dtype)
@@ -73,7 +94,7 @@ def test_logprobs_equal_teacher_forcing(model, dtype, tol, capsys):
         gaps.append(np.max(np.abs(out[slot].logprobs - ref)))
     gap = max(gaps)
     with capsys.disabled():
-        print(f"\n[sampler] max |sampler logprob - f32 teacher-forced logprob|, {dtype}: {gap:.2e}")
+        print(f"\n[sampler] {config.model_type}: max |sampler logprob - f32 teacher-forced logprob|, {dtype}: {gap:.2e}")
     if tol is not None:
         assert gap <= tol
     else:

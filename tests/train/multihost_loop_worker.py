@@ -1,7 +1,9 @@
 """One process of the multi-host training-loop test (run by test_multihost.py): the tiny config's
 real loop (rollouts with a learned feedback schedule, checkpoints, evaluation) on the toy `coin`
-env, 2 CPU devices in all, split over `num_processes` processes. Writes its history and the
-episodes it ran; process 0 also the final parameters (and the logs)."""
+env, 2 CPU devices in all, split over `num_processes` processes, for each variant in turn: full
+fine-tuning, LoRA (rollouts with the merged parameters) and, on several processes, DAPO. Writes
+its histories and the episodes it ran; process 0 also the final parameters (LoRA: the
+adapters) and the logs."""
 
 import json
 import os
@@ -54,6 +56,21 @@ with open(os.path.join(out, f"process{process_id}.json"), "w") as f:
 params = jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)), result["state"].params)
 if process_id == 0:
     np.savez(os.path.join(out, "params.npz"),
+             **{jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(params)[0]})
+
+# LoRA: the same loop on the adapters, rollouts decoding with the base merged with them.
+cfg = tiny_config(os.path.join(out, "lora"), steps=2, **{
+    "rollout.tasks_per_step": 4, "rollout.group_size": 2, "rollout.temperature": 1.0,
+    "rollout.max_turns": 3, "rollout.max_len": 256, "envs.train": "coin", "envs.eval": "coin",
+    "eval.every": 2, "eval.tasks": 4, "checkpoint.every": 2, "mesh.devices": 0,
+    "lora.rank": 4, "lora.base_dtype": "float32", "rl.lr": 3e-2, "rollout.sampler_devices": 1,
+})
+result = train(cfg)
+with open(os.path.join(out, f"process{process_id}_lora.json"), "w") as f:
+    json.dump({"history": result["history"]}, f)
+params = jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)), result["state"].params)
+if process_id == 0:
+    np.savez(os.path.join(out, "adapters.npz"),
              **{jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(params)[0]})
 
 if num_processes > 1:

@@ -79,6 +79,8 @@ def test_the_three_consumers_build_one_spec(name):
         assert (sampler.batch_size, sampler.max_len, sampler.sampling, sampler.cache_dtype) == \
             (want.batch_size, want.max_len, want.sampling, want.cache_dtype)
     assert (job.ref_params is not None) == spec.reference_copy
+    # the step's frozen argument: LoRA's base, the KL reference or nothing
+    assert (job.frozen is not None) == (spec.with_reference or spec.lora is not None)
     # the memory plan: the state it counts is the spec's (adapters and a frozen base with LoRA)
     trained = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(spec.trained_shapes()))
     assert plan.params == trained

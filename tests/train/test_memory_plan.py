@@ -1,4 +1,6 @@
-"""Memory plans: exact byte counts of the placed arrays, and the compiled step's temporaries."""
+"""Memory plans: exact byte counts of the placed arrays, and the compiled step's temporaries; for
+full fine-tuning and for LoRA (the adapters and their moments as the trained state, the frozen
+base in its own dtype, the merged copy the samplers decode with)."""
 
 import json
 import math
@@ -90,3 +92,18 @@ def test_rows_that_fit_with_pages_and_with_contiguous_slots():
                    "paged_fill_1/8": int(room // (-(-max_len // 8 // 16) * 16 * token))}
     assert fit["paged_fill_1/8"] > fit["paged_fill_1/2"] > fit["contiguous"] > 0
     assert "rows_that_fit" in p.table() and p.to_dict()["rows_that_fit"] == fit
+
+
+def test_lora_plan_counts_adapters_base_and_merge():
+    c = model_configs.tiny()
+    full = memory_plan.plan(tiny("mesh.devices=1"), hbm_bytes=16e9, devices=jax.devices()[:1], compile_step=False)
+    p = memory_plan.plan(tiny("mesh.devices=1", "lora.rank=8", "lora.targets=q,v,down", "lora.base_dtype=bfloat16"),
+                         hbm_bytes=16e9, devices=jax.devices()[:1])
+    d, f, r, n = c.hidden_size, c.intermediate_size, 8, c.num_layers
+    adapters = n * r * ((d + c.q_dim) + (d + c.kv_dim) + (f + d))  # a [in, r] + b [r, out] of q, v, down
+    assert p.params == 4 * adapters == p.grads and p.opt_state == pytest.approx(2 * p.params, abs=64)
+    assert p.frozen_base == 2 * param_count(c) == full.params // 2  # bf16 base, f32 full fine-tuning
+    assert p.reference == 0 and p.activations > 0
+    merged = 4 * n * d * (c.q_dim + c.kv_dim + f)  # the adapted matrices in f32 (tiny.py computes in f32)
+    assert p.sampler_weights == full.sampler_weights + merged
+    assert p.state == p.params + p.opt_state + p.frozen_base < full.state / 4

@@ -1,5 +1,8 @@
 """Two processes under jax.distributed (localhost, gloo CPU collectives), each feeding its half of
-the batch, take the same two train steps as one process with the same 4 devices."""
+the batch, take the same train steps as one process with the same 4 devices, and run the same
+training loop as one process, for full fine-tuning and for LoRA (the adapters' steps, the same
+sharded merged parameters). One process pair runs every variant (`VARIANTS`): starting the
+processes and the distributed runtime is a large part of each test's time."""
 
 import json
 import os
@@ -30,49 +33,60 @@ def _env(exact: bool = False) -> dict:
     return env
 
 
-def _run(n, out):
-    env = _env()
+VARIANTS = ("full", "lora")
+
+
+def _start(worker: str, n: int, out: str, exact: bool = False, timeout: int = 300) -> None:
+    """Runs `n` processes of `worker` and waits for them (see `_env` for `exact`)."""
+    env = _env(exact)
     port = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, WORKER, str(i), str(n), port, out], env=env,
+    procs = [subprocess.Popen([sys.executable, worker, str(i), str(n), port, out], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(n)]
     for p in procs:
-        log, _ = p.communicate(timeout=300)
+        log, _ = p.communicate(timeout=timeout)
         assert p.returncode == 0, log[-3000:]
-    return dict(np.load(out + ".npz")), json.load(open(out + ".json"))
+
+
+def _run(n, out):
+    """{variant: (gathered arrays, losses)} of `n` processes of the train-step worker."""
+    _start(WORKER, n, out, timeout=600)
+    return {v: (dict(np.load(f"{out}_{v}.npz")), json.load(open(f"{out}_{v}.json"))) for v in VARIANTS}
 
 
 @pytest.mark.slow
 def test_two_process_train_steps_match_one_process(tmp_path):
-    one, losses_one = _run(1, str(tmp_path / "one"))
-    two, losses_two = _run(2, str(tmp_path / "two"))
-    np.testing.assert_allclose(losses_two, losses_one, rtol=1e-5)
-    assert one.keys() == two.keys()
-    for k in one:
-        np.testing.assert_allclose(two[k], one[k], atol=1e-6, rtol=1e-5, err_msg=k)
+    one, two = _run(1, str(tmp_path / "one")), _run(2, str(tmp_path / "two"))
+    for variant in VARIANTS:
+        (params_one, losses_one), (params_two, losses_two) = one[variant], two[variant]
+        np.testing.assert_allclose(losses_two, losses_one, rtol=1e-5, err_msg=variant)
+        assert params_one.keys() == params_two.keys()
+        if variant == "lora":  # the adapters trained, and merged into the same sharded parameters
+            assert any(k.startswith("adapters") for k in params_one)
+            assert np.abs(params_one["adapters['q']['a']"] - params_two["adapters['q']['a']"]).max() < 1e-6
+        for k in params_one:
+            np.testing.assert_allclose(params_two[k], params_one[k], atol=1e-6, rtol=1e-5, err_msg=f"{variant}: {k}")
 
 
 LOOP_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost_loop_worker.py")
 
 
 def _run_loop(n, out):
-    env = _env(exact=True)
-    port = str(_free_port())
+    """(final parameters, each process's runs) of `n` processes of the loop worker; a run:
+    {"history", "ran", "lora": {"history", "adapters" (process 0)}, "dapo" (n > 1)}."""
     os.makedirs(out, exist_ok=True)
-    procs = [subprocess.Popen([sys.executable, LOOP_WORKER, str(i), str(n), port, out], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(n)]
-    for p in procs:
-        log, _ = p.communicate(timeout=600)
-        assert p.returncode == 0, log[-3000:]
+    _start(LOOP_WORKER, n, out, exact=True, timeout=1200)  # full, LoRA and (n > 1) DAPO runs
     runs = [json.load(open(os.path.join(out, f"process{i}.json"))) for i in range(n)]
-    if n > 1:
-        for i, run in enumerate(runs):
+    for i, run in enumerate(runs):
+        run["lora"] = json.load(open(os.path.join(out, f"process{i}_lora.json")))
+        if n > 1:
             run["dapo"] = json.load(open(os.path.join(out, f"process{i}_dapo.json")))
+    runs[0]["lora"]["adapters"] = dict(np.load(os.path.join(out, "adapters.npz")))
     return dict(np.load(os.path.join(out, "params.npz"))), runs
 
 
 @pytest.mark.slow
 def test_two_process_loop_matches_one_process(tmp_path):
-    """The real loop (tiny config on the toy env, 2 steps, rollouts with the bandit's feedback,
+    """For full fine-tuning and LoRA, the real loop (tiny config on the toy env, 2 steps, rollouts with the bandit's feedback,
     evaluation, checkpoints) on 2 processes x 1 device equals it on 1 process x 2 devices: each
     process runs its half of the groups, feeds its rows of the global batch, and gathers the
     metrics, the feedback log and the bandit's signal, so every process logs the one-process
@@ -84,7 +98,11 @@ def test_two_process_loop_matches_one_process(tmp_path):
     Equal means to f32 rounding, not bitwise: the sampler's log-probs (the loss's old_logp)
     come from a batch of 2 rows per process instead of 4 and differ in the last bit (ratios
     1 +- 1e-7), and Adam's normalised first steps turn that into parameter differences of a
-    few 1e-6 where a gradient entry is near zero (the update itself is lr = 3e-2 per entry)."""
+    few 1e-6 where a gradient entry is near zero (the update itself is lr = 3e-2 per entry).
+
+    With LoRA, rollouts decode with the merged parameters (merged over the global arrays, then
+    gathered onto each process); every process logs the one-process metrics and ends with the
+    same adapters (to f32 rounding, as above)."""
     one, (run_one,) = _run_loop(1, str(tmp_path / "one"))
     two, runs_two = _run_loop(2, str(tmp_path / "two"))
     # Each process ran only its share, whole groups; together, exactly the one-process episodes.
@@ -122,3 +140,16 @@ def test_two_process_loop_matches_one_process(tmp_path):
         kept = {g: w for d in dapo for g, w in d["won"].items() if g.startswith(f"{step}/")}
         assert len(kept) == 4 and all(len(w) == 4 and len(set(w)) == 2 for w in kept.values())
         assert batches >= 1 and 4 + h["rollout/dropped_groups"] + h["rollout/overflow_groups"] <= 4 * batches
+
+    # LoRA (the same loop on the adapters).
+    lora_one, adapters_one = run_one["lora"]["history"], run_one["lora"]["adapters"]
+    adapters_two = runs_two[0]["lora"]["adapters"]
+    assert sum(h["train/grad_norm"] > 0 for h in lora_one) >= 1 and "eval/success" in lora_one[1]
+    for run in runs_two:
+        for h_two, h_one in zip(run["lora"]["history"], lora_one, strict=True):
+            for k, v in h_one.items():
+                if not k.startswith("time/") and not isinstance(v, str):
+                    np.testing.assert_allclose(h_two[k], v, rtol=1e-5, atol=1e-7, err_msg=f"lora: {k}")
+    assert adapters_one.keys() == adapters_two.keys()
+    for k in adapters_one:
+        np.testing.assert_allclose(adapters_two[k], adapters_one[k], atol=2e-5, rtol=0, err_msg=f"lora: {k}")

@@ -35,7 +35,8 @@ def test_train_metrics_are_the_mean_over_the_optimizer_steps(epochs, minibatches
     optimizer step's metrics, not the last step's."""
     seen = []
 
-    def train_step(state, batch):
+    def train_step(state, batch, frozen):
+        assert frozen is None  # full fine-tuning without a KL reference: nothing frozen
         seen.append(int(batch["tokens_BT"].shape[0]))
         k = len(seen)
         return state + 1, {"loss": np.float32(k), "grad_norm": np.float32(10 * k * k)}
@@ -70,9 +71,11 @@ def _real_job(recompute, minibatch_rows, tis_cap=0.0, lr=0.0):
                              "recompute_old_logprobs": recompute, "tis_cap": tis_cap, "micro_batches": 1,
                              "group_stats": "trajectory", "mis": "off", "mis_lo": 0.5, "mis_hi": 2.0, "mis_denominator": "all"},
                       "rollout": {"max_new_tokens": 8}})
-    step = make_train_step(CONFIG, preset("grpo"), optax.sgd(lr))  # lr 0: every step sees the initial policy
+    from jaxscaffold.rl.losses import Correction
+    algo = preset("grpo", correction=Correction(tis_cap=tis_cap))  # the run's algorithm: its TIS cap too
+    step = make_train_step(CONFIG, algo, optax.sgd(lr))  # lr 0: every step sees the initial policy
     return Job(cfg, mesh=None, model_config=CONFIG, tokenizer=None, sampler=None, eval_sampler=None,
-               train_step=step, algo=preset("grpo"), row_multiple=1)
+               train_step=step, algo=algo, row_multiple=1)
 
 
 def _sampled_episodes(params, delta_scale=0.2):
@@ -135,8 +138,8 @@ def test_later_mini_batches_train_off_policy_and_the_mismatch_is_measured_before
     seen = []
     step = job.train_step
 
-    def recording(state, batch):
-        state, m = step(state, batch)
+    def recording(state, batch, frozen=None):
+        state, m = step(state, batch, frozen)
         seen.append(float(m["ratio_max"]))
         return state, m
 

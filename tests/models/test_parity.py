@@ -1,29 +1,47 @@
-"""Logit parity of our Qwen3 with transformers' PyTorch Qwen3ForCausalLM on tiny random models."""
+"""Parity of our model with transformers' PyTorch one on tiny random checkpoints, for each
+architecture (`model_type`): Qwen3 (q/k norms) and Qwen2.5 ("qwen2": q/k/v biases, no q/k
+norms, random biases included). Logits, gradients, bf16 compute and the KV cache for both;
+the rest for the variant whose code path it checks (Qwen2.5's HF export, CPU decode layout,
+presets and refusals; Qwen3's padding, packing, remat and attention kernels)."""
 
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from jaxscaffold.backends import cpu
+from jaxscaffold.models import config as model_configs
 from jaxscaffold.models import hf_io, qwen3
+from jaxscaffold.models.hf_io import CheckpointError
 from tests.models.hf_reference import hf_logits, make_hf_model
 
 forward = jax.jit(qwen3.forward, static_argnums=1)
+cpu_forward = jax.jit(cpu.forward, static_argnums=1, static_argnames=("window",))
 
-CONFIGS = {
-    # name: (kwargs of make_hf_model)
-    "untied-gqa2": dict(heads=4, kv_heads=2, head_dim=16, tied=False),
-    "tied-mha": dict(heads=4, kv_heads=4, head_dim=16, tied=True),
-    "gqa4-headdim-unequal": dict(hidden=48, heads=8, kv_heads=2, head_dim=24, tied=False),
-    "three-layers-tied-gqa4": dict(layers=3, heads=4, kv_heads=1, head_dim=32, tied=True),
+CONFIGS = {  # model_type: {name: kwargs of make_hf_model}
+    "qwen3": {
+        "untied-gqa2": dict(heads=4, kv_heads=2, head_dim=16, tied=False),
+        "tied-mha": dict(heads=4, kv_heads=4, head_dim=16, tied=True),
+        "gqa4-headdim-unequal": dict(hidden=48, heads=8, kv_heads=2, head_dim=24, tied=False),
+        "three-layers-tied-gqa4": dict(layers=3, heads=4, kv_heads=1, head_dim=32, tied=True),
+    },
+    "qwen2": {  # head_dim is hidden / heads in transformers' Qwen2
+        "untied-gqa2": dict(heads=4, kv_heads=2, head_dim=16, tied=False),
+        "tied-mha": dict(heads=4, kv_heads=4, head_dim=16, tied=True),
+        "three-layers-tied-gqa4": dict(layers=3, heads=4, kv_heads=1, head_dim=16, tied=True),
+    },
 }
+SEQ_LENS = {"qwen3": [1, 7, 33, 100], "qwen2": [1, 33, 100]}  # 100: attention in 3 query blocks
+MODEL_TYPES = list(CONFIGS)
 
 
-def _load(tmp_path, **kw):
-    model = make_hf_model(**kw)
+def _load(tmp_path, model_type="qwen3", **kw):
+    model = make_hf_model(model_type=model_type, **kw)
     model.save_pretrained(tmp_path)
     config, params = hf_io.load_pretrained(str(tmp_path))
     return model, config, params
@@ -35,11 +53,15 @@ def _assert_close(ours, ref, tol=1e-4):
     assert err <= tol, f"max relative logit error {err:.3g} > {tol}"
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-@pytest.mark.parametrize("seq_len", [1, 7, 33, 100])  # 100: attention in 3 query blocks
-def test_logits_match_transformers(tmp_path, name, seq_len):
-    model, config, params = _load(tmp_path, **CONFIGS[name])
-    assert config.tie_word_embeddings == CONFIGS[name]["tied"]
+@pytest.mark.parametrize("model_type,name,seq_len", [(m, name, n) for m in MODEL_TYPES
+                                                      for n in SEQ_LENS[m] for name in CONFIGS[m]])
+def test_logits_match_transformers(tmp_path, model_type, name, seq_len):
+    model, config, params = _load(tmp_path, model_type, **CONFIGS[model_type][name])
+    assert config.model_type == model_type and config.tie_word_embeddings == CONFIGS[model_type][name]["tied"]
+    if model_type == "qwen2":
+        layer = params["layers"]
+        assert {"q_bias", "k_bias", "v_bias"} <= set(layer) and not {"q_norm", "k_norm"} & set(layer)
+        assert float(jnp.abs(layer["k_bias"]).max()) > 0.1  # the reference's biases are not zero
     tokens = np.random.RandomState(seq_len).randint(0, config.vocab_size, (2, seq_len))
     _assert_close(np.asarray(forward(params, config, jnp.asarray(tokens))), hf_logits(model, tokens))
 
@@ -57,18 +79,19 @@ KERNELS = {"portable": None, "cpu": cpu.KERNELS}  # cpu: the dense layers' custo
 
 
 @pytest.mark.parametrize("kernels", KERNELS)
-@pytest.mark.parametrize("name", ["untied-gqa2", "three-layers-tied-gqa4"])
-def test_gradients_match_transformers(tmp_path, name, kernels):
+@pytest.mark.parametrize("model_type,name,seq_len", [("qwen3", "untied-gqa2", 100),
+                                                      ("qwen3", "three-layers-tied-gqa4", 100),
+                                                      ("qwen2", "untied-gqa2", 70)])
+def test_gradients_match_transformers(tmp_path, model_type, name, seq_len, kernels):
     """Parameter gradients of a loss on the logits (autodiff's or the CPU backend's custom VJP
-    of the dense layers, attention in 3 query blocks) equal PyTorch autograd's through
-    transformers' model: its gradients are written as a checkpoint and read back with our
-    loader, so the layouts match."""
-    import torch
-    model, config, params = _load(tmp_path / "model", **CONFIGS[name])
+    of the dense layers, attention in 2-3 query blocks), Qwen2.5's biases included, equal
+    PyTorch autograd's through transformers' model: its gradients are written as a checkpoint
+    and read back with our loader, so the layouts match."""
+    model, config, params = _load(tmp_path / "model", model_type, **CONFIGS[model_type][name])
     config = config.replace(kernels=KERNELS[kernels])
     rng = np.random.RandomState(0)
-    tokens = rng.randint(0, config.vocab_size, (2, 100))
-    weights = rng.randn(2, 100, config.vocab_size).astype(np.float32)
+    tokens = rng.randint(0, config.vocab_size, (2, seq_len))
+    weights = rng.randn(2, seq_len, config.vocab_size).astype(np.float32)
     ours = jax.jit(jax.grad(lambda p: jnp.sum(qwen3.forward(p, config, jnp.asarray(tokens)) * weights)))(params)
     model.zero_grad()
     (model(input_ids=torch.as_tensor(tokens)).logits * torch.as_tensor(weights)).sum().backward()
@@ -142,9 +165,11 @@ def test_packed_segments_equal_separate_sequences(tmp_path):
         start += len(p)
 
 
-def test_bf16_compute_is_close_in_kl(tmp_path, capsys):
-    """bf16 compute on f32 master weights vs the f32 reference: mean KL(ref || ours)."""
-    model, config, params = _load(tmp_path, std=0.1)
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_bf16_compute_is_close_in_kl(tmp_path, capsys, model_type):
+    """bf16 compute on f32 master weights (Qwen2.5's biases added in bf16) vs the f32
+    reference: mean KL(ref || ours)."""
+    model, config, params = _load(tmp_path, model_type, std=0.1)
     tokens = np.random.RandomState(0).randint(0, config.vocab_size, (4, 32))
     ref = hf_logits(model, tokens)
     ours = np.asarray(forward(params, config.replace(compute_dtype="bfloat16"), jnp.asarray(tokens)))
@@ -152,7 +177,7 @@ def test_bf16_compute_is_close_in_kl(tmp_path, capsys):
     logp = jax.nn.log_softmax(ours, -1)
     kl = float(jnp.mean(jnp.sum(jnp.exp(logp_ref) * (logp_ref - logp), -1)))
     with capsys.disabled():
-        print(f"\n[parity] bf16 compute vs f32 transformers: mean per-token KL {kl:.2e} nats")
+        print(f"\n[parity] {model_type} bf16 compute vs f32 transformers: mean per-token KL {kl:.2e} nats")
     # The stated bound: mean per-token KL below 1e-3 nats.
     assert kl < 1e-3, kl
 
@@ -274,3 +299,105 @@ def check_bf16_cache(config, params, step, empty, values, stored_dtype):
         assert got.dtype == jnp.bfloat16
         np.testing.assert_array_equal(got.astype(np.float32), ref.astype(jnp.bfloat16).astype(np.float32))
         assert np.all(got[0, :, 5:] == 0) and np.all(got[1, :, 2:] == 0) and np.any(got[1, :, :2] != 0)
+
+
+# ------------------------------------------------------------- Qwen2.5 ("qwen2") only
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_export_round_trip_is_bitwise_in_f32(tmp_path, tied):
+    """Load, save, and transformers reads back a Qwen2ForCausalLM with the same tensors and
+    logits; config.json says qwen2."""
+    model = make_hf_model(model_type="qwen2", tied=tied)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    model.save_pretrained(src)
+    config, params = hf_io.load_pretrained(str(src))
+    hf_io.save_pretrained(str(dst), config, params)
+    hf = json.loads((dst / "config.json").read_text())
+    assert hf["model_type"] == "qwen2" and hf["architectures"] == ["Qwen2ForCausalLM"]
+    reloaded = AutoModelForCausalLM.from_pretrained(dst, dtype=torch.float32).eval()
+    assert type(reloaded).__name__ == "Qwen2ForCausalLM"
+    assert set(reloaded.state_dict()) == set(model.state_dict())
+    for name, p in model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], p), name
+    tokens = np.random.RandomState(0).randint(0, config.vocab_size, (2, 13))
+    np.testing.assert_array_equal(hf_logits(reloaded, tokens), hf_logits(model, tokens))
+
+
+def test_cpu_decode_layout_prefill_then_steps_equal_transformers(tmp_path):
+    """The biases survive the CPU decode layout (fused qkv in 2 column blocks, per-layer cache):
+    prefill then single-token steps give transformers' logits; so does the stacked cache."""
+    model, config, params = _load(tmp_path, "qwen2", heads=4, kv_heads=2)
+    fast = cpu.decode_layout(params, config, blocks=2)
+    assert len(fast["layers"][0]["qkv"]) == 2 and "q_bias" in fast["layers"][0]
+    check_prefill_then_steps(model, config, cpu_forward, fast, cpu.empty_cache(config, 3, 16, dtype="float32"))
+    check_prefill_then_steps(model, config, forward, params, qwen3.KVCache.empty(config, 3, 16, dtype="float32"))
+
+
+def test_random_init_has_the_qwen2_tree_and_its_size():
+    """init_params of a qwen2 config: biases, no q/k norms, as many numbers as num_params."""
+    config = model_configs.tiny(model_type="qwen2", vocab_size=128)
+    params = qwen3.init_params(config, jax.random.key(0))
+    assert params["layers"]["q_bias"].shape == (2, config.q_dim) and "q_norm" not in params["layers"]
+    assert sum(x.size for x in jax.tree.leaves(params)) == config.num_params()
+
+
+@pytest.mark.parametrize("name,hf_fields", [
+    ("qwen2.5-0.5b", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                          num_key_value_heads=2, tie_word_embeddings=True, vocab_size=151936)),
+    ("qwen2.5-7b", dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                        num_key_value_heads=4, tie_word_embeddings=False, vocab_size=152064)),
+])
+def test_presets_have_transformers_parameter_counts(name, hf_fields):
+    """A Qwen2.5 preset counts the parameters transformers' Qwen2 of the same config.json has
+    (built on the meta device: no memory), and reads back from that config.json."""
+    hf_cfg = Qwen2Config(rope_parameters={"rope_type": "default", "rope_theta": 1e6}, max_position_embeddings=32768,
+                         **hf_fields)
+    with torch.device("meta"):
+        n_hf = sum(p.numel() for p in Qwen2ForCausalLM(hf_cfg).parameters())
+    ours = model_configs.preset(name)
+    assert ours.num_params() == n_hf
+    assert hf_io.config_from_hf(hf_cfg.to_dict()) == ours
+
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(use_sliding_window=True), "use_sliding_window"),
+    (dict(layer_types=["full_attention", "sliding_attention"]), "layer_types"),
+    (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}), "RoPE"),
+])
+def test_unsupported_qwen2_variants_are_refused(tmp_path, change, needle):
+    make_hf_model(model_type="qwen2").save_pretrained(tmp_path)
+    hf = json.loads((tmp_path / "config.json").read_text()) | change
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(CheckpointError) as e:
+        hf_io.load_pretrained(str(tmp_path))
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_qwen3_checkpoint_relabelled_qwen2_is_refused(tmp_path):
+    """The architecture comes from model_type; a Qwen3 file set read as Qwen2 lacks the biases."""
+    make_hf_model().save_pretrained(tmp_path)
+    hf = json.loads((tmp_path / "config.json").read_text()) | dict(model_type="qwen2")
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(CheckpointError, match="missing tensor model.layers.0.self_attn.q_proj.bias"):
+        hf_io.load_pretrained(str(tmp_path))
+
+
+def test_bare_qwen2model_loads_and_exports_as_qwen2model(tmp_path):
+    """A Qwen2Model checkpoint (no lm_head, no "model." prefix) is read as a backbone: our
+    final-normed hidden states equal transformers', and the export reads back as Qwen2Model."""
+    from transformers import AutoModel
+    model = make_hf_model(model_type="qwen2", embedding=True)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    model.save_pretrained(src)
+    config, params = hf_io.load_pretrained(str(src))
+    assert config.is_embedding and config.model_type == "qwen2" and "lm_head" not in params
+    hf_io.save_pretrained(str(dst), config, params)
+    reloaded = AutoModel.from_pretrained(dst, dtype=torch.float32).eval()
+    assert type(reloaded).__name__ == "Qwen2Model"
+    tokens = torch.as_tensor(np.random.RandomState(2).randint(0, config.vocab_size, (2, 6)))
+    with torch.no_grad():
+        ref = model(input_ids=tokens).last_hidden_state.numpy()
+        np.testing.assert_array_equal(reloaded(input_ids=tokens).last_hidden_state.numpy(), ref)
+    ours = np.asarray(jax.jit(qwen3.hidden_states, static_argnums=1)(params, config, jnp.asarray(tokens.numpy())))
+    np.testing.assert_allclose(ours, ref, atol=1e-4 * max(1, np.abs(ref).max()))
