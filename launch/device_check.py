@@ -10,6 +10,8 @@ against the memory-bandwidth limit, train-step MFU; one JSON file.
 2. decode: the stacked sampler (the accelerator layout) on Qwen3-0.6B-shaped random bf16
    weights at batch 16, 64 and 128, a 512-token prompt then 128 new tokens: tokens/s, and the
    ratio to the HBM limit (weights + filled KV cache read once per step at --hbm-tbps).
+   decode_paged: the same with the paged KV cache (`rollout.kv_cache=paged`: the Pallas
+   paged-attention kernel on TPU, the gather read elsewhere), so the two caches compare.
 3. decode_fill: decode step time at batch 16 with the cache filled to 1/8, 1/2 and 1 of
    4,096 tokens, against (weights + filled KV) / bandwidth: the bytes model of
    `bench.py decode_bytes` says the ratio stays near 1 (goal: <= 1.3 at 1/8 fill).
@@ -46,7 +48,7 @@ from jaxscaffold.models import hf_io, qwen3  # noqa: E402
 
 H200 = {"hbm_tbps": 4.8, "peak_tflops": 989.0}  # HBM3e bandwidth; dense bf16 tensor-core peak
 # In order of what a first run most needs; `--parts` picks some.
-PARTS = ("parity", "decode", "decode_fill", "train", "attention", "rollout")
+PARTS = ("parity", "decode", "decode_paged", "decode_fill", "train", "attention", "rollout")
 
 
 def timed(fn, reps: int = 3) -> float:
@@ -94,7 +96,7 @@ def parity(quick: bool) -> dict:
             "grad_rel_diff": float(np.max(np.abs(ours_grad - ref_grad)) / np.max(np.abs(ref_grad)))}
 
 
-def decode(quick: bool, hbm_tbps: float) -> list[dict]:
+def decode(quick: bool, hbm_tbps: float, kv_cache: str = "contiguous") -> list[dict]:
     from jaxscaffold.rollout.engine import Sampler
     from jaxscaffold.rollout.sampling import GREEDY
     config = (model_configs.tiny(compute_dtype="bfloat16", param_dtype="bfloat16") if quick
@@ -105,7 +107,7 @@ def decode(quick: bool, hbm_tbps: float) -> list[dict]:
     out = []
     for batch in ((2, 4) if quick else (16, 64, 128)):
         sampler = Sampler(config, batch_size=batch, max_len=prompt + new + 8, sampling=GREEDY, stop_ids=(),
-                          cache_dtype="bfloat16", layout="stacked")
+                          cache_dtype="bfloat16", layout="stacked", kv_cache=kv_cache)
         prepared = sampler.prepare(params)
         ids = {s: list(np.random.RandomState(s).randint(0, config.vocab_size, prompt)) for s in range(batch)}
 
@@ -255,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"platform": jax.default_backend(), "devices": [str(d) for d in jax.devices()], "quick": args.quick,
               "jax": jax.__version__}
     fns = {"parity": lambda: parity(args.quick), "decode": lambda: decode(args.quick, args.hbm_tbps),
+           "decode_paged": lambda: decode(args.quick, args.hbm_tbps, kv_cache="paged"),
            "decode_fill": lambda: decode_fill(args.quick, args.hbm_tbps),
            "train": lambda: train(args.quick, args.peak_tflops), "attention": lambda: attention_kernels(args.quick),
            "rollout": lambda: rollout(args.quick, args.budget_s - (time.perf_counter() - start))}

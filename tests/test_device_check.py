@@ -27,10 +27,10 @@ def test_the_device_check_runs_on_cpu(tmp_path):
 @pytest.mark.slow
 def test_the_kernel_parts_run_on_cpu(tmp_path):
     """The attention kernels (flash loop and, on CPU, the XLA kernel in the fused kernel's
-    place), decode at three fills, and the rollout part, which says when there is no benchmark."""
+    place), decode at three fills, paged decode, and the rollout part, which says when there is no benchmark."""
     out = tmp_path / "check.json"
     run = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "device_check.py"), "--quick", "--out", str(out),
-                          "--parts", "attention,decode_fill,rollout"],
+                          "--parts", "attention,decode_fill,decode_paged,rollout"],
                          capture_output=True, text=True, timeout=900, env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.load(open(out))
@@ -38,6 +38,8 @@ def test_the_kernel_parts_run_on_cpu(tmp_path):
         ("flash", 256), ("xla", 256), ("flash", 512), ("xla", 512)]
     assert all(a["seconds"] > 0 and a["tflops_per_s"] > 0 for a in report["attention"])
     assert [d["fill"] for d in report["decode_fill"]] == [0.125, 0.5, 1]
+    assert [d["batch"] for d in report["decode_paged"]] == [2, 4]  # the paged cache, as decode
+    assert all(0 < d["of_limit"] and d["tokens_per_s"] > 0 for d in report["decode_paged"])
     assert all(d["step_s"] > 0 and d["over_bytes_model"] > 0 for d in report["decode_fill"])
     assert "parity" not in report and ("skipped" in report["rollout"] or isinstance(report["rollout"], list))
 
