@@ -12,6 +12,7 @@ script from there, exactly as `python launch/<script>` does; an install without 
 
 from __future__ import annotations
 
+import functools
 import os
 import runpy
 import sys
@@ -33,33 +34,6 @@ def run(command: str, argv: list[str] | None = None) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
-def train() -> None:
-    run("train")
-
-
-def evaluate() -> None:
-    run("eval")
-
-
-def export() -> None:
-    run("export")
-
-
-def plan() -> None:
-    run("plan")
-
-
-def serve() -> None:
-    run("serve")
-
-
-def study() -> None:
-    run("study")
-
-
-def bench() -> None:
-    run("bench")
-
-
-def demo() -> None:
-    run("demo")
+# The console commands (pyproject.toml's [project.scripts]).
+train, evaluate, export, plan, serve, study, bench, demo = (
+    functools.partial(run, name) for name in ("train", "eval", "export", "plan", "serve", "study", "bench", "demo"))

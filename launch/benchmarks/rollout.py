@@ -31,11 +31,10 @@ synchronous (lock step, staleness 0) and asynchronous (async driver, `rollout.ma
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
+import functools
 import json
 import os
-import shutil
 import statistics
 import tempfile
 import time
@@ -126,14 +125,8 @@ def latency_kwargs(args, scale: float = 1.0) -> dict:
             "min_turns": args.turns[0], "max_turns": args.turns[1]}
 
 
-@contextlib.contextmanager
-def scratch_dir(prefix: str):
-    """A temporary folder for one run's outputs, removed when the block ends (also on error)."""
-    path = tempfile.mkdtemp(prefix=prefix)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+# A temporary folder for one run's outputs, removed when the block ends (also on error).
+scratch_dir = functools.partial(tempfile.TemporaryDirectory, ignore_cleanup_errors=True)
 
 
 def config(args, out_dir: str, scale: float = 1.0):
@@ -223,7 +216,7 @@ def own_seconds_per_call(calls: list[tuple[float, int]], workers: int) -> float:
 class CompileSeconds:
     """Seconds XLA spends compiling while the block runs (JAX's backend-compile events)."""
 
-    EVENT = "/jax/core/compile/backend_compile_duration"
+    EVENT = "/jax/core/compile/backend_compile_duration"  # jax.monitoring's event name (not a file path)
 
     def __init__(self):
         self.seconds = 0.0
