@@ -63,17 +63,6 @@ def test_arguments_and_config():
     assert json.loads(zero.envs.env_kwargs)["latency"]["median_ms"] == 0.0
 
 
-@pytest.mark.skipif("max_staleness" in {f.name for f in dataclasses.fields(config_lib.Rollout)},
-                    reason="this checkout has rollout.max_staleness")
-def test_staleness_without_the_option_is_refused_in_one_line():
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "bench.py"), "rollout", "--staleness", "1",
-                          "--steps", "4"], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": ROOT})
-    assert out.returncode != 0
-    assert out.stderr.strip().splitlines()[-1] == ("bench rollout: --staleness needs rollout.max_staleness "
-                                                   "(the staleness branch), not in this checkout")
-
-
 def test_no_run_folder_is_left_behind_also_on_error(tmp_path, monkeypatch):
     """The rollouts and the training steps each run in a temporary folder; a run that fails
     (here its config: no tokens a turn) removes it too."""

@@ -45,10 +45,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 QUICK = ["--rows", "8", "--turns", "1-3", "--max-new-tokens", "4", "--latency-ms", "50", "--latency-p99-ms", "200"]
 
 
-class Unavailable(RuntimeError):
-    """A part of the benchmark this checkout cannot run (a config field it lacks)."""
-
-
 # ----------------------------------------------------------------------------- arguments
 
 
@@ -162,12 +158,7 @@ def config(args, out_dir: str, scale: float = 1.0):
 
 def with_driver(job, lockstep: bool):
     """The job with `rollout.lockstep` set (the same sampler and compiled programs)."""
-    r = job.cfg.rollout
-    if not hasattr(r, "lockstep"):
-        if lockstep:
-            return job  # the only driver here is lock step
-        raise Unavailable("the asynchronous driver needs rollout.lockstep (the async-core branch)")
-    cfg = dataclasses.replace(job.cfg, rollout=dataclasses.replace(r, lockstep=lockstep))
+    cfg = dataclasses.replace(job.cfg, rollout=dataclasses.replace(job.cfg.rollout, lockstep=lockstep))
     return dataclasses.replace(job, cfg=cfg)
 
 
@@ -268,12 +259,7 @@ def _rollouts(args, out: str) -> None:
     zero = None
     try:
         start = work.get_state()
-        drivers = {"lockstep": True}
-        try:
-            with_driver(job, False)
-            drivers["async"] = False
-        except Unavailable as e:
-            REPORT.say(f"# async_s skipped: {e}")
+        drivers = {"lockstep": True, "async": False}
         if args.env == "latency":
             zero = EnvWorkload(dataclasses.replace(job, cfg=config_lib.typed(config(args, out, scale=0.0))), params)
             for lockstep in drivers.values():  # compiles each driver's programs
@@ -350,12 +336,8 @@ def same_actions(a: list, b: list) -> float:
 
 def training_steps(args) -> None:
     """S whole training steps through the trainer, synchronous vs asynchronous with staleness K."""
-    from jaxscaffold import config as config_lib
     from jaxscaffold.train.trainer import train
 
-    fields = {f.name for f in dataclasses.fields(config_lib.Rollout)}
-    if "max_staleness" not in fields:
-        raise Unavailable("--staleness needs rollout.max_staleness (the staleness branch), not in this checkout")
     per_hour = {}
     for name, lockstep, staleness in (("sync", True, 0), ("async", False, args.staleness)):
         with scratch_dir(f"bench-steps-{name}-") as out:
@@ -364,8 +346,7 @@ def training_steps(args) -> None:
             c.checkpoint.every = args.steps + 1
             c.memory.check_at_start = False
             c.rollout.max_staleness = staleness
-            if "lockstep" in fields:
-                c.rollout.lockstep = lockstep
+            c.rollout.lockstep = lockstep
             train(c)
             with open(os.path.join(out, "metrics.jsonl")) as f:
                 rows = [json.loads(line) for line in f]
@@ -377,11 +358,6 @@ def training_steps(args) -> None:
 
 def run(quick: bool = False, argv=()) -> None:
     args = parse_args(argv, quick)
-    if args.steps:  # refused before anything runs when this checkout cannot
-        from jaxscaffold import config as config_lib
-        if "max_staleness" not in {f.name for f in dataclasses.fields(config_lib.Rollout)}:
-            raise SystemExit("bench rollout: --staleness needs rollout.max_staleness (the staleness branch), "
-                             "not in this checkout")
     rollouts(args)
     if args.steps:
         training_steps(args)
