@@ -32,8 +32,10 @@ vocabulary is trained afresh.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import os
+import shutil
 import sys
 import time
 
@@ -115,6 +117,40 @@ def teacher_batch(env, tasks, chat, rng: random.Random, n: int, turns: int, *, h
     return rng.sample(pool, n)
 
 
+def save_resume(out_dir: str, step: int, state, rng: random.Random, args: dict) -> None:
+    """The build's state after `step` (the train state's leaves, the teacher's generator, the
+    arguments) in OUT_DIR/resume/, written atomically: an interrupted build continues from it
+    exactly as if it had not stopped."""
+    folder = os.path.join(out_dir, "resume")
+    os.makedirs(folder, exist_ok=True)
+    leaves = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(state))]
+    np.savez(os.path.join(folder, "state.tmp.npz"), *leaves)
+    with open(os.path.join(folder, "meta.tmp.json"), "w") as f:
+        json.dump({"step": step, "rng": rng.getstate(), "args": args}, f)
+    os.replace(os.path.join(folder, "state.tmp.npz"), os.path.join(folder, "state.npz"))
+    os.replace(os.path.join(folder, "meta.tmp.json"), os.path.join(folder, "meta.json"))
+
+
+def load_resume(out_dir: str, state, rng: random.Random, args: dict):
+    """(step, state) from OUT_DIR/resume/ when an earlier build of the same arguments left one
+    (the generator set to its saved state), else (0, state). A different build's is an error."""
+    folder = os.path.join(out_dir, "resume")
+    if not os.path.isfile(os.path.join(folder, "meta.json")):
+        return 0, state
+    with open(os.path.join(folder, "meta.json")) as f:
+        meta = json.load(f)
+    if meta["args"] != args:
+        raise ValueError(f"{folder} holds a build with other arguments ({meta['args']}); remove it to start afresh")
+    leaves, treedef = jax.tree.flatten(state)
+    with np.load(os.path.join(folder, "state.npz")) as saved:
+        loaded = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    if len(loaded) != len(leaves) or any(a.shape != np.shape(b) for a, b in zip(loaded, leaves)):
+        raise ValueError(f"{folder}: the saved state does not match this model; remove it to start afresh")
+    version, internal, gauss = meta["rng"]
+    rng.setstate((version, tuple(internal), gauss))
+    return meta["step"], jax.tree.unflatten(treedef, [jax.numpy.asarray(x) for x in loaded])
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir")
@@ -132,12 +168,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--init", default="", help="start from this HF directory (an earlier base; its size, not "
                    "--hidden / --layers) instead of a random init")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-every", type=int, default=50, help="save the build's state to OUT_DIR/resume every "
+                   "N steps; a rerun of the same command continues from it (0: never)")
     args = p.parse_args(argv)
     probs_ok = all(0.0 <= x <= 1.0 for x in (args.hint, args.follow, args.oe)) and args.hint + args.oe <= 1.0
-    sizes_ok = args.hidden >= 16 and args.hidden % 16 == 0 and args.layers >= 1 and args.save_every >= 0
+    sizes_ok = (args.hidden >= 16 and args.hidden % 16 == 0 and args.layers >= 1 and args.save_every >= 0
+                and args.checkpoint_every >= 0)
     if args.steps < 1 or args.batch < 1 or args.turns < 1 or not args.lr > 0 or not probs_ok or not sizes_ok:
         print("error: --steps, --batch and --turns must be >= 1, --lr > 0, --hint/--follow/--oe in [0, 1] "
-              "with --hint + --oe <= 1, --hidden a multiple of 16, --layers >= 1, --save-every >= 0",
+              "with --hint + --oe <= 1, --hidden a multiple of 16, --layers >= 1, --save-every and --checkpoint-every >= 0",
               file=sys.stderr)
         return 2
 
@@ -158,8 +197,16 @@ def main(argv: list[str]) -> int:
     rng = random.Random(args.seed)
     tasks = rooms.catalogue("train")
     env = rooms.RoomsEnv()
+    recipe = {k: v for k, v in vars(args).items() if k not in ("out_dir", "checkpoint_every")}
+    try:
+        done, state = load_resume(args.out_dir, state, rng, recipe)
+    except (ValueError, OSError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if done:
+        print(f"continuing from step {done} ({os.path.join(args.out_dir, 'resume')})", flush=True)
     start = time.time()
-    for i in range(1, args.steps + 1):
+    for i in range(done + 1, args.steps + 1):
         convs = teacher_batch(env, tasks, chat, rng, args.batch, args.turns, hint=args.hint, follow=args.follow,
                               oe=args.oe)
         state, metrics = sft_step(state, build_batch(convs, np.zeros(len(convs))))
@@ -168,7 +215,10 @@ def main(argv: list[str]) -> int:
         if args.save_every and i % args.save_every == 0 and i < args.steps:
             hf_io.save_pretrained(os.path.join(args.out_dir, f"step_{i}"), config, jax.device_get(state.params),
                                   tokens=tokens)
+        if args.checkpoint_every and i % args.checkpoint_every == 0 and i < args.steps:
+            save_resume(args.out_dir, i, state, rng, recipe)
     hf_io.save_pretrained(args.out_dir, config, jax.device_get(state.params), tokens=tokens)
+    shutil.rmtree(os.path.join(args.out_dir, "resume"), ignore_errors=True)
     print(f"wrote {args.out_dir}")
     return 0
 

@@ -89,3 +89,37 @@ def _leaves_differ(a, b) -> bool:
     import jax
     import numpy as np
     return any(not np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+
+def test_an_interrupted_build_continues_to_the_uninterrupted_base(tmp_path, monkeypatch, capsys):
+    """A build stopped after a checkpoint (OUT_DIR/resume) and rerun with the same command ends
+    with the same weights, bit for bit, as one that never stopped; the resume state is removed
+    at the end; a rerun with other arguments over it is a one-line error."""
+    import pytest
+    from jaxscaffold.models import hf_io
+    base = _module("base")
+    args = ["--steps", "4", "--batch", "4", "--hidden", "32", "--layers", "1", "--checkpoint-every", "2"]
+    assert base.main([str(tmp_path / "whole"), *args]) == 0
+    _, whole = hf_io.load_pretrained(str(tmp_path / "whole"))
+    assert not (tmp_path / "whole" / "resume").exists()
+
+    save = base.save_resume
+
+    def save_then_stop(*a):  # the interruption: the process ends right after step 2's checkpoint
+        save(*a)
+        raise KeyboardInterrupt
+
+    for out in ("cut", "other"):
+        monkeypatch.setattr(base, "save_resume", save_then_stop)
+        with pytest.raises(KeyboardInterrupt):
+            base.main([str(tmp_path / out), *args])
+        monkeypatch.setattr(base, "save_resume", save)
+        assert (tmp_path / out / "resume" / "meta.json").exists()
+    capsys.readouterr()
+    assert base.main([str(tmp_path / "cut"), *args]) == 0
+    assert "continuing from step 2" in capsys.readouterr().out  # not a fresh build that happens to agree
+    _, resumed = hf_io.load_pretrained(str(tmp_path / "cut"))
+    assert not _leaves_differ(whole, resumed)
+    assert not (tmp_path / "cut" / "resume").exists()
+    assert base.main([str(tmp_path / "other"), *args, "--lr", "1e-3"]) == 2
