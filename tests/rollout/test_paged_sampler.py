@@ -1,19 +1,19 @@
 """The paged KV cache of the stacked sampler: the contiguous cache's tokens through page
 boundaries, slot reuse and multi-turn extends; every page back in the pool after a run; a
 pool too small ends rows truncated ("pages", counted), never on another row's values; the
-TPU kernel in Pallas interpret mode decodes the gather read's tokens."""
+TPU's Pallas kernel, in interpret mode, prefills, extends and decodes the contiguous cache's
+tokens."""
 
 import os
 
 import jax
 import numpy as np
 import pytest
-from jax.experimental.pallas import tpu as pltpu
 
 from jaxscaffold import config as config_lib
 from jaxscaffold.backends.accelerator import Accelerator
 from jaxscaffold.models import config as model_configs
-from jaxscaffold.models import paged_attention, qwen3
+from jaxscaffold.models import paged_kernel, qwen3
 from jaxscaffold.rollout.engine import ContextOverflow, Sampler
 from jaxscaffold.rollout.pages import PageTable
 from jaxscaffold.rollout.sampling import GREEDY
@@ -127,25 +127,28 @@ def test_multi_turn_ends_a_turn_out_of_pages_and_reports_no_room(tiny):
 
 
 @pytest.mark.slow
-def test_the_tpu_kernel_in_interpret_mode_decodes_the_gather_reads_tokens(tiny, monkeypatch):
-    """The TPU backend's paged decode (the Pallas kernel, bf16 pages) run on CPU in interpret
-    mode gives the gather read's tokens; the kernel ran in every decode step's program."""
+def test_the_tpu_kernel_in_interpret_mode_gives_the_contiguous_caches_tokens(tiny, monkeypatch):
+    """The TPU backend's paged read (the Pallas kernel, `paged_kernel`, run by the Pallas
+    interpreter on CPU), in prefill, multi-turn extends and decode, f32 pages: the contiguous
+    cache's tokens through page boundaries and slot reuse, the same pages held."""
     config, params = tiny
-    calls = []
-    kernel = paged_attention.decode_attention_tpu
-    monkeypatch.setattr(paged_attention, "decode_attention_tpu", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
-    outs = {}
-    for name, platform in (("gather", "portable"), ("pallas", "tpu")):
-        backend = Accelerator(platform=platform, kv_cache="paged", page_size=PAGE)
-        assert backend.paged_decode("bfloat16") == name
-        sampler = _sampler(config, cache_dtype="bfloat16", backend=backend)
-        with pltpu.force_tpu_interpret_mode():
-            state = sampler.extend(params, sampler.init_state(), {0: list(range(100, 130)), 1: [7, 8, 9]})
-            state, outs[name] = sampler.generate(params, state, [0, 1], max_new_tokens=20, seeds=[1, 2])
-    assert calls  # traced into the pallas sampler's decode program
-    for slot in (0, 1):
-        np.testing.assert_array_equal(outs["pallas"][slot].tokens, outs["gather"][slot].tokens)
-        np.testing.assert_allclose(outs["pallas"][slot].logprobs, outs["gather"][slot].logprobs, atol=1e-3)
+    monkeypatch.setattr(paged_kernel, "INTERPRET", True)
+    queries = []  # queries a row of each traced call: prefill / extends (many) and decode (1)
+    kernel = paged_kernel.paged_attention
+    monkeypatch.setattr(paged_kernel, "paged_attention", lambda q, *a, **kw: queries.append(q.shape[1]) or kernel(q, *a, **kw))
+    ref, ref_lengths, _, _ = _episodes(_sampler(config), params)
+    backend = Accelerator(platform="tpu", kv_cache="paged", page_size=PAGE)
+    assert backend.paged_read() == "pallas" and Accelerator(platform="gpu").paged_read() == "gather"
+    sampler = _sampler(config, backend=backend)
+    got, lengths, pages, _ = _episodes(sampler, params)
+    assert 1 in queries and max(queries) > 1  # the kernel read decode and prefill
+    np.testing.assert_array_equal(lengths, ref_lengths)
+    for turn_ref, turn in zip(ref, got):
+        for slot in (0, 1):
+            np.testing.assert_array_equal(turn[slot].tokens, turn_ref[slot].tokens)
+            np.testing.assert_allclose(turn[slot].logprobs, turn_ref[slot].logprobs, rtol=1e-4, atol=1e-4)
+    assert pages == [-(-70 // PAGE) + -(-43 // PAGE), -(-125 // PAGE) + -(-50 // PAGE)]
+    assert sampler.page_table.used == 0
 
 
 def test_page_table_accounting():
