@@ -79,13 +79,14 @@ class Accelerator:
         pages = pages or self.pages_for(batch, max_len)
         return qwen3.PagedKVCache.empty(config, batch, max_len, pages=pages, page_size=self.page_size, dtype=dtype)
 
-    def pages_for(self, batch: int, max_len: int) -> int:
-        """Pages of a pool that holds `batch` rows of `max_len` tokens, and the scratch page."""
-        return batch * -(-max_len // self.page_size) + 1
+    def pages_for(self, batch: int, max_len: int, shards: int = 1) -> int:
+        """Pages of a pool that holds `batch` rows of `max_len` tokens, and the scratch page of
+        each of its `shards` parts."""
+        return batch * -(-max_len // self.page_size) + shards
 
     def kv_sharding(self, config: Qwen3Config, mesh, rules):
-        if self.kv_cache == "paged":  # pages are shared by the rows: kv heads over `tensor` only
-            return rules.sharding(mesh, ("layers", "cache_heads", None, None, "head_dim"))
+        if self.kv_cache == "paged":  # one part of the pool per data shard, its rows' pages
+            return rules.sharding(mesh, ("layers", "cache_heads", "batch", None, "head_dim"))
         return rules.sharding(mesh, ("layers", "batch", "cache_heads", "cache_seq", "head_dim"))
 
     def paged_read(self) -> str:

@@ -19,11 +19,14 @@ cached ones (`attend`), by one of two reads:
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
+from jaxscaffold.models import sharded_attention
 from jaxscaffold.models.attention import MASKED
 
 
@@ -107,3 +110,36 @@ def attend(q_BTHK, k_pools, v_pools, layer, lengths_B, table_BN, positions_BT, *
         return kernel(q_BTHK, k_pools, v_pools, layer, lengths_B, positions_BT[:, 0], table_BN)
     k_pages, v_pages = (jax.lax.dynamic_index_in_dim(p, layer, keepdims=False) for p in (k_pools, v_pools))
     return gather_attention(q_BTHK, k_pages, v_pages, lengths_B, table_BN, positions_BT)
+
+
+def write_and_attend(q_BTHK, k_BTGK, v_BTGK, pools, layer, places, lengths_B, table_BN, positions_BT, *,
+                     kernel: Callable | None = None):
+    """One layer's paged attention: its new keys / values written into their pages
+    (`places`: `token_places`), then `attend`. Returns (output, pools).
+
+    On the mesh the step is traced under (`sharded_attention.kernel_mesh`), each device runs
+    it on its own rows and kv heads and on its own part of the pool: the pool's pages are
+    split over the same batch axes as the rows, and the sampler (`rollout.pages.PageTable`,
+    shards) gives each row pages from its device's part only, so the table's global page ids
+    become local ones by subtracting the part's first page; nothing crosses devices."""
+    mesh, rules = sharded_attention.traced_mesh()
+
+    def local(q, k, v, k_pools, v_pools, layer, page_id, slot, lengths, table, positions, first_page=0):
+        pools = write_tokens(k_pools, v_pools, page_id - first_page, slot, k, v, layer=layer)
+        return attend(q, *pools, layer, lengths, table - first_page, positions, kernel=kernel), pools
+
+    args = (q_BTHK, k_BTGK, v_BTGK, *pools, layer, *places, lengths_B, table_BN, positions_BT)
+    if mesh.empty or mesh.size == 1:
+        return local(*args)
+    rows, heads = sharded_attention.paged_axes(mesh, q_BTHK.shape[0], k_BTGK.shape[2], rules)
+    per_shard = pools[0].shape[2] // math.prod(mesh.shape[a] for a in rows)
+
+    def on_device(*args):
+        first = jax.lax.axis_index(rows) * per_shard if rows else 0
+        return local(*args, first_page=first)
+
+    r, h = rows or None, heads or None
+    act, pool, per_row = P(r, None, h, None), P(None, h, r, None, None), P(r, None)
+    specs = (act, act, act, pool, pool, P(), per_row, per_row, P(r), per_row, per_row)
+    # check_vma off: a Pallas call carries no varying-axes annotations to check.
+    return jax.shard_map(on_device, mesh=mesh, in_specs=specs, out_specs=(act, (pool, pool)), check_vma=False)(*args)

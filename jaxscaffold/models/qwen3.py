@@ -363,9 +363,8 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
         # (one read: the TPU kernel or the gather, for decode and prefill alike). The pools are
         # the layer loop's carry, so the writes are in place.
         def attend(q, k, v, i, pools):
-            pools = paged_attention.write_tokens(*pools, *places, k, v, layer=i)
-            return paged_attention.attend(q, *pools, i, lengths, table, row_positions,
-                                          kernel=kernels.paged_read), pools
+            return paged_attention.write_and_attend(q, k, v, pools, i, places, lengths, table, row_positions,
+                                                    kernel=kernels.paged_read)
     else:
         if positions_BT is None:
             positions_BT = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]

@@ -168,6 +168,22 @@ def test_page_table_accounting():
         PageTable(slots=1, pages=1, page_size=4, width=1)
 
 
+def test_a_page_table_split_into_data_shards():
+    """Slots 0-1 on shard 0 (pages 0-3, 0 its scratch), slots 2-3 on shard 1 (pages 4-7,
+    4 its scratch): a slot takes its own shard's pages only, and runs out with its shard."""
+    table = PageTable(slots=4, pages=8, page_size=4, width=4, shards=2)
+    assert [table.shard(s) for s in range(4)] == [0, 0, 1, 1]
+    assert list(table.table[:, 0]) == [0, 0, 4, 4]  # unfilled entries: the shard's scratch page
+    assert table.grow(2, 16) == 12 and table.held[2] == [5, 6, 7]  # its shard's 3 pages, not shard 0's
+    assert table.room(3, 0) == 0 and table.grow(3, 1) == 0  # shard 1 is empty ...
+    assert table.room(0, 0) == 12 and table.grow(0, 5) == 8 and table.held[0] == [1, 2]  # ... shard 0 is not
+    table.release(2)
+    assert list(table.table[2]) == [4] * 4 and table.used == 2 and sorted(table.free) == [3, 5, 6, 7]
+    for bad in (dict(slots=3, pages=8), dict(slots=4, pages=9), dict(slots=4, pages=2)):
+        with pytest.raises(ValueError):
+            PageTable(page_size=4, width=4, shards=2, **bad)
+
+
 def test_the_config_chooses_the_cache():
     base = lambda: config_lib.load_file(os.path.join(ROOT, "configs", "base.py"))  # noqa: E731 (overrides change it)
     cfg = config_lib.from_configdict(config_lib.parse_overrides(
@@ -184,9 +200,43 @@ def test_the_config_chooses_the_cache():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("platform", ["portable", "tpu"])
+def test_one_page_pool_per_data_shard(tiny, monkeypatch, platform):
+    """On a 4 x 2 (data x tensor) mesh of the 8 fake devices: the pool's pages split over
+    `data` with the rows, kv heads over `tensor`; each row holds pages of its own shard's part
+    only; the tokens are the unsharded sampler's, with the gather read ("portable") and with
+    the TPU kernel in interpret mode, each device reading its own pages under shard_map."""
+    from jaxscaffold.models.sharding import MeshConfig, make_mesh
+    monkeypatch.setattr(paged_kernel, "INTERPRET", True)
+    config, params = tiny
+    mesh = make_mesh(MeshConfig(data=4, fsdp=1, tensor=2), jax.devices()[:8])
+    backend = Accelerator(platform=platform, kv_cache="paged", page_size=PAGE)
+    outs, tables = [], []
+    for p, m in ((params, None), (jax.device_put(params, qwen3.param_shardings(config, mesh)), mesh)):
+        sampler = Sampler(config, batch_size=8, max_len=64, sampling=GREEDY, stop_ids=(), layout="stacked", mesh=m,
+                          cache_dtype="float32", backend=backend)
+        state = sampler.extend(p, sampler.init_state(), {s: [s + 10, 2 * s + 11] * (2 + 3 * s) for s in range(8)})
+        state, out = sampler.generate(p, state, list(range(8)), max_new_tokens=10, seeds=list(range(8)))
+        outs.append(out)
+        tables.append(sampler.page_table)
+    table = tables[1]
+    assert table.shards == 4 and table.pages == 8 * 4 + 4  # each row's max_len, a scratch page a shard
+    per = table.pages // 4
+    for slot in range(8):  # rows 2s, 2s + 1 on data shard s, their pages in its part
+        assert table.held[slot] and all(slot // 2 * per < page < (slot // 2 + 1) * per for page in table.held[slot])
+    want = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "tensor", ("data", "fsdp")))
+    assert state.cache.k.sharding.is_equivalent_to(want, 5), state.cache.k.sharding
+    for s in range(8):
+        np.testing.assert_array_equal(outs[0][s].tokens, outs[1][s].tokens)
+        np.testing.assert_allclose(outs[0][s].logprobs, outs[1][s].logprobs, atol=1e-4)
+    # The paged read and write run per device (under shard_map), on the device's own pages.
+    assert "manual_computation" in sampler.lower_decode(sampler.prepare(p), state, window=64).as_text()
+
+
+@pytest.mark.slow
 def test_a_sharded_paged_sampler_equals_the_unsharded_one(tiny):
-    """Kv heads over `tensor`, rows (and their page tables) over the batch axes, the pool
-    shared by the rows: the unsharded paged sampler's tokens, the pool keeping its sharding."""
+    """Kv heads over `tensor`, rows (and their page tables) and the pool's pages over the
+    batch axes: the unsharded paged sampler's tokens, the pool keeping its sharding."""
     from jaxscaffold.models.sharding import MeshConfig, make_mesh
     config, params = tiny
     mesh = make_mesh(MeshConfig(data=2, fsdp=1, tensor=2), jax.devices()[:4])
@@ -197,7 +247,7 @@ def test_a_sharded_paged_sampler_equals_the_unsharded_one(tiny):
         state = sampler.extend(p, sampler.init_state(), {s: [s + 10, 2 * s + 11] * (5 + 5 * s) for s in range(4)})
         state, out = sampler.generate(p, state, list(range(4)), max_new_tokens=12, seeds=[1, 2, 3, 4])
         if m is not None:
-            want = jax.sharding.NamedSharding(m, jax.sharding.PartitionSpec(None, "tensor"))
+            want = jax.sharding.NamedSharding(m, jax.sharding.PartitionSpec(None, "tensor", ("data", "fsdp")))
             assert state.cache.k.sharding.is_equivalent_to(want, 5), state.cache.k.sharding
         outs.append(out)
     for s in range(4):
