@@ -52,14 +52,15 @@ def _kernel(layer_ref, lengths_ref, starts_ref, table_ref, q_ref, *refs, pages_p
         l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
         acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
 
-    query_pos = first_query + jax.lax.broadcasted_iota(jnp.int32, (rows, page), 0) // group
+    row = jax.lax.broadcasted_iota(jnp.int32, (rows, page), 0)  # query (row // group)'s head (row % group)
     for i in range(n):
         first_token = (block * n + i) * page
 
         @pl.when(first_token < seen)
         def _page(i=i, first_token=first_token):
             key_pos = first_token + jax.lax.broadcasted_iota(jnp.int32, (rows, page), 1)
-            visible = (key_pos < length) & (key_pos <= query_pos)
+            # Causal: key_pos - first_query <= row // group, written without a vector division.
+            visible = (key_pos < length) & ((key_pos - first_query) * group <= row)
             for g in range(kv_heads):
                 # K and V in q's dtype, products accumulated in f32 (as the gather reads them).
                 q, k, v = q_ref[g], k_refs[i][g].astype(q_ref.dtype), v_refs[i][g].astype(q_ref.dtype)
