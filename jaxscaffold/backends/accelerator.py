@@ -8,7 +8,7 @@ A sampler's call attends over a bucketed prefix of the cache (`qwen3.hidden_stat
 
 The sampler's cache is contiguous (`max_len` slots a row) or paged (`kv_cache="paged"`: one
 pool of `page_size`-token pages, a page table a row, `qwen3.PagedKVCache`); the paged decode
-reads through the Pallas TPU kernel on TPU with a bf16 cache, the gather elsewhere."""
+and prefill read through the Pallas kernel on TPU (`models.paged_kernel`), the gather elsewhere."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxscaffold.models import paged_attention, qwen3
+from jaxscaffold.models import paged_kernel, qwen3
 from jaxscaffold.models.config import Qwen3Config
 
 
@@ -79,23 +79,24 @@ class Accelerator:
         pages = pages or self.pages_for(batch, max_len)
         return qwen3.PagedKVCache.empty(config, batch, max_len, pages=pages, page_size=self.page_size, dtype=dtype)
 
-    def pages_for(self, batch: int, max_len: int) -> int:
-        """Pages of a pool that holds `batch` rows of `max_len` tokens, and the scratch page."""
-        return batch * -(-max_len // self.page_size) + 1
+    def pages_for(self, batch: int, max_len: int, shards: int = 1) -> int:
+        """Pages of a pool that holds `batch` rows of `max_len` tokens, and the scratch page of
+        each of its `shards` parts."""
+        return batch * -(-max_len // self.page_size) + shards
 
     def kv_sharding(self, config: Qwen3Config, mesh, rules):
-        if self.kv_cache == "paged":  # pages are shared by the rows: kv heads over `tensor` only
-            return rules.sharding(mesh, ("layers", "cache_heads", None, None, "head_dim"))
+        if self.kv_cache == "paged":  # one part of the pool per data shard, its rows' pages
+            return rules.sharding(mesh, ("layers", "cache_heads", "batch", None, "head_dim"))
         return rules.sharding(mesh, ("layers", "batch", "cache_heads", "cache_seq", "head_dim"))
 
-    def paged_decode(self, cache_dtype) -> str:
-        """The paged decode's read: "pallas" (the TPU kernel, bf16 caches) or "gather"."""
-        return "pallas" if self.platform == "tpu" and jnp.dtype(cache_dtype) == jnp.bfloat16 else "gather"
+    def paged_read(self) -> str:
+        """The paged cache's read, in decode and prefill: "pallas" (the TPU kernel,
+        `models.paged_kernel`, any cache dtype) or "gather"."""
+        return "pallas" if self.platform == "tpu" else "gather"
 
     def hidden_states(self, params, config, tokens_BT, *, segment_ids_BT, cache, window):
-        if isinstance(cache, qwen3.PagedKVCache) and self.paged_decode(cache.k.dtype) == "pallas":
-            kernels = dataclasses.replace(config.kernels or qwen3.PORTABLE,
-                                          paged_decode=paged_attention.decode_attention_tpu)
+        if isinstance(cache, qwen3.PagedKVCache) and self.paged_read() == "pallas":
+            kernels = dataclasses.replace(config.kernels or qwen3.PORTABLE, paged_read=paged_kernel.paged_attention)
             config = config.replace(kernels=kernels)
         return qwen3.hidden_states(params, config, tokens_BT, segment_ids_BT=segment_ids_BT, cache=cache,
                                    window=window)

@@ -5,24 +5,28 @@ the pool), so a batch of mixed lengths reserves and reads what each row uses, no
 row's window. The model's cache (`qwen3.PagedKVCache`) stacks the pools over layers; the
 sampler allocates pages on the host (`rollout.engine`); docs/design/kernels.md, section 2.
 
-Layout, as JAX's TPU `paged_attention` kernel takes it: `k_pages, v_pages [G, P, page, K]`
-(kv heads, pages, tokens a page, head dim). New tokens are written into their pages first
-(`write_tokens`), then read with the cached ones (`attend`), by one of two reads:
-- the gather (any backend, any number of queries): each row's pages up to the call's window
-  gathered, a masked softmax in f32 (`gather_attention`);
-- `decode_attention_tpu`, the Pallas kernel, one query a row, reading each row's own pages
-  only. It applies no 1/sqrt(K) scale (queries are scaled here) and loads K and V as bf16
-  whatever their dtype (jax 0.10.2), so it is used for bf16 caches only.
+Layout: `k_pages, v_pages [G, P, page, K]` (kv heads, pages, tokens a page, head dim), per
+layer; the model stacks them over layers. New tokens are written into their pages first
+(`write_tokens`, a scatter straight into the pool: no contiguous copy), then read with the
+cached ones (`attend`), by one of two reads:
+- the Pallas kernel (`models.paged_kernel`: the TPU's read, and the CPU tests' in interpret
+  mode): any number of queries a row (decode, prefill, extends), each row's own pages only,
+  in the pool's dtype (bf16 or f32);
+- the gather (every other backend): each row's pages up to the call's window gathered into a
+  dense `[G, B, S, K]` temporary, a masked softmax in f32 (`gather_attention`).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
+from jaxscaffold.models import sharded_attention
 from jaxscaffold.models.attention import MASKED
 
 
@@ -94,23 +98,48 @@ def decode_attention(q_BHK, k_pages, v_pages, lengths_B, table_BN):
     return gather_attention(q_BHK[:, None], k_pages, v_pages, lengths_B, table_BN, positions)[:, 0]
 
 
-def decode_attention_tpu(q_BHK, k_pages, v_pages, lengths_B, table_BN, *, pages_per_block: int = 1):
-    """`decode_attention` with the Pallas TPU kernel (bf16 pages; `pages_per_block` must
-    divide the table's width)."""
-    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
-    if k_pages.dtype != jnp.bfloat16 or v_pages.dtype != jnp.bfloat16:
-        raise ValueError(f"the TPU paged kernel reads K and V as bf16: pages are {k_pages.dtype}, {v_pages.dtype}")
-    scaled = q_BHK * (q_BHK.shape[-1] ** -0.5)
-    return paged_attention(scaled, k_pages, v_pages, lengths_B, table_BN, pages_per_compute_block=pages_per_block)
-
-
 @functools.partial(jax.named_call, name="paged_read")  # `bench.py decode_bytes` finds the read by this name
-def attend(q_BTHK, k_pages, v_pages, lengths_B, table_BN, positions_BT, *, decode_kernel: Callable | None = None):
+def attend(q_BTHK, k_pools, v_pools, layer, lengths_B, table_BN, positions_BT, *, kernel: Callable | None = None):
     """The paged layout's attention read (its new tokens already written): each row's
-    queries over its first `lengths_B[b]` tokens. One query a row with a `decode_kernel`
-    (`decode_attention`'s signature: the TPU kernel) runs that kernel; anything else, the
-    gather. Rows with no token (sitting out a step) read one stale, finite slot: their
-    output is discarded by the caller."""
-    if decode_kernel is not None and q_BTHK.shape[1] == 1:
-        return decode_kernel(q_BTHK[:, 0], k_pages, v_pages, jnp.maximum(lengths_B, 1), table_BN)[:, None]
+    queries (at `positions_BT`, consecutive from `positions_BT[:, 0]`) over its first
+    `lengths_B[b]` tokens, from the pools stacked over layers (`[L, G, P, page, K]`) at
+    `layer`. With a `kernel` (`paged_kernel.paged_attention`'s signature: the TPU's) that
+    kernel reads the row's pages; else the gather. Rows with no token (sitting out a call)
+    get a finite output, which the caller discards."""
+    if kernel is not None:
+        return kernel(q_BTHK, k_pools, v_pools, layer, lengths_B, positions_BT[:, 0], table_BN)
+    k_pages, v_pages = (jax.lax.dynamic_index_in_dim(p, layer, keepdims=False) for p in (k_pools, v_pools))
     return gather_attention(q_BTHK, k_pages, v_pages, lengths_B, table_BN, positions_BT)
+
+
+def write_and_attend(q_BTHK, k_BTGK, v_BTGK, pools, layer, places, lengths_B, table_BN, positions_BT, *,
+                     kernel: Callable | None = None):
+    """One layer's paged attention: its new keys / values written into their pages
+    (`places`: `token_places`), then `attend`. Returns (output, pools).
+
+    On the mesh the step is traced under (`sharded_attention.kernel_mesh`), each device runs
+    it on its own rows and kv heads and on its own part of the pool: the pool's pages are
+    split over the same batch axes as the rows, and the sampler (`rollout.pages.PageTable`,
+    shards) gives each row pages from its device's part only, so the table's global page ids
+    become local ones by subtracting the part's first page; nothing crosses devices."""
+    mesh, rules = sharded_attention.traced_mesh()
+
+    def local(q, k, v, k_pools, v_pools, layer, page_id, slot, lengths, table, positions, first_page=0):
+        pools = write_tokens(k_pools, v_pools, page_id - first_page, slot, k, v, layer=layer)
+        return attend(q, *pools, layer, lengths, table - first_page, positions, kernel=kernel), pools
+
+    args = (q_BTHK, k_BTGK, v_BTGK, *pools, layer, *places, lengths_B, table_BN, positions_BT)
+    if mesh.empty or mesh.size == 1:
+        return local(*args)
+    rows, heads = sharded_attention.paged_axes(mesh, q_BTHK.shape[0], k_BTGK.shape[2], rules)
+    per_shard = pools[0].shape[2] // math.prod(mesh.shape[a] for a in rows)
+
+    def on_device(*args):
+        first = jax.lax.axis_index(rows) * per_shard if rows else 0
+        return local(*args, first_page=first)
+
+    r, h = rows or None, heads or None
+    act, pool, per_row = P(r, None, h, None), P(None, h, r, None, None), P(r, None)
+    specs = (act, act, act, pool, pool, P(), per_row, per_row, P(r), per_row, per_row)
+    # check_vma off: a Pallas call carries no varying-axes annotations to check.
+    return jax.shard_map(on_device, mesh=mesh, in_specs=specs, out_specs=(act, (pool, pool)), check_vma=False)(*args)

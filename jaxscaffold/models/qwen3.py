@@ -232,9 +232,9 @@ class Kernels:
 
     dense: Callable = dense  # (x, w [in, out], acc_dtype) -> x @ w in acc_dtype
     embed_rows: Callable = embed_rows  # (table [V, D], tokens) -> rows
-    # One query a row over a paged cache (`paged_attention.decode_attention`'s signature: the
-    # TPU kernel); None: the gather read.
-    paged_decode: Callable | None = None
+    # Attention over a paged cache's rows' own pages (`paged_kernel.paged_attention`'s
+    # signature: the TPU kernel); None: the gather read.
+    paged_read: Callable | None = None
 
 
 PORTABLE = Kernels()
@@ -360,13 +360,11 @@ def hidden_states(params: dict, config: Qwen3Config, tokens_BT, *, positions_BT=
         table = cache.table[:, :width]  # the pages the call attends over
 
         # Each layer writes its new tokens into its pages, then reads them with the cached ones
-        # (one read: the TPU kernel or the gather). The pools are the layer loop's carry, so
-        # the writes are in place.
+        # (one read: the TPU kernel or the gather, for decode and prefill alike). The pools are
+        # the layer loop's carry, so the writes are in place.
         def attend(q, k, v, i, pools):
-            pools = paged_attention.write_tokens(*pools, *places, k, v, layer=i)
-            pool_k, pool_v = (lax.dynamic_index_in_dim(p, i, keepdims=False) for p in pools)
-            return paged_attention.attend(q, pool_k, pool_v, lengths, table, row_positions,
-                                          decode_kernel=kernels.paged_decode), pools
+            return paged_attention.write_and_attend(q, k, v, pools, i, places, lengths, table, row_positions,
+                                                    kernel=kernels.paged_read)
     else:
         if positions_BT is None:
             positions_BT = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]

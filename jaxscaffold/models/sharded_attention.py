@@ -75,3 +75,15 @@ def on_mesh(kernel: Callable, q_BTHK, k_BTGK, v_BTGK, segment_ids_BT, *, mesh=No
     # check_vma off: a Pallas / cuDNN call carries no varying-axes annotations to check.
     return jax.shard_map(kernel, mesh=mesh, in_specs=(qkv, qkv, qkv, seg), out_specs=qkv,
                          check_vma=False)(q_BTHK, k_BTGK, v_BTGK, segment_ids_BT)
+
+
+def traced_mesh():
+    """(mesh, rules) a step is traced under (`kernel_mesh`): the abstract mesh (empty with
+    none) and its rules."""
+    return jax.sharding.get_abstract_mesh(), _RULES.get()
+
+
+def paged_axes(mesh, batch: int, kv_heads: int, rules: ShardingRules = DEFAULT_RULES):
+    """The axes a paged cache is split over on `mesh`: (rows and pool pages: the rules'
+    batch axes that divide the rows; kv heads: its cache_heads axes that divide them)."""
+    return _dividing_axes(rules.batch, mesh, batch), _dividing_axes(rules.cache_heads, mesh, kv_heads)

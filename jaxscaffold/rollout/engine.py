@@ -19,8 +19,9 @@ once, at construction, from the platform or `layout`.
 The cache is contiguous (each slot `max_len` tokens) or, with `kv_cache="paged"` (the stacked
 layout), one pool of pages with a page table per slot (`qwen3.PagedKVCache`): the sampler
 takes pages for a slot as its tokens arrive (`rollout.pages.PageTable`, on the host) and
-returns them when it is released, so rows hold what they fill. A decode row that finds no free
-page for its next token ends its turn with finish_reason "pages" (counted in
+returns them when it is released, so rows hold what they fill; on a mesh the pool is split over
+the data shards with the rows, each row taking its shard's pages. A decode row that finds no
+free page for its next token ends its turn with finish_reason "pages" (counted in
 `rows_out_of_pages`); an `extend` the pool cannot hold raises ContextOverflow.
 
 A call that serves few of the slots (a returning observation, a few rows still decoding)
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Mapping, Sequence
 
 import flax.struct
@@ -45,7 +47,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from jaxscaffold import backends, buckets, compiler
-from jaxscaffold.models import qwen3
+from jaxscaffold.models import qwen3, sharded_attention
 from jaxscaffold.models.config import Qwen3Config
 from jaxscaffold.models.sharding import DEFAULT_RULES, ShardingRules
 from jaxscaffold.rollout.pages import PageTable
@@ -120,12 +122,19 @@ def _prepare(params, *, programs: Programs):
     return programs.weights(params)
 
 
+def _paged_mesh(programs: Programs):
+    """A paged cache's calls are traced under the sampler's mesh, so that each device reads
+    and writes its own part of the pool (`paged_attention.write_and_attend`)."""
+    return sharded_attention.kernel_mesh(programs.mesh if programs.backend.kv_cache == "paged" else None, programs.rules)
+
+
 @functools.partial(compiler.jit, static_argnames=("programs", "window"), donate_argnames=("state",))
 def _prefill(params, state: SamplerState, tokens_BT, segments_BT, *, programs: Programs, window: int):
     c, backend = programs.config, programs.backend
     params = programs.weights(params)
-    h, cache = backend.hidden_states(params, c, tokens_BT, segment_ids_BT=segments_BT, cache=state.cache,
-                                     window=window)
+    with _paged_mesh(programs):
+        h, cache = backend.hidden_states(params, c, tokens_BT, segment_ids_BT=segments_BT, cache=state.cache,
+                                         window=window)
     n = jnp.sum(segments_BT != 0, axis=1)
     last = jnp.take_along_axis(h, jnp.maximum(n - 1, 0)[:, None, None], axis=1)
     new_logits = backend.unembed(params, c, last)[:, 0]  # only the last position: no [B, T, V]
@@ -157,8 +166,9 @@ def _decode(params, state: SamplerState, seeds_B, active_B, max_new_B, *, progra
         hit = live & jnp.isin(tok, stop_ids)
         stopped = stopped | hit
         # Feed the sampled token so the cache always holds the whole history.
-        h, cache = backend.hidden_states(params, c, tok[:, None], segment_ids_BT=live[:, None].astype(jnp.int32),
-                                         cache=st.cache, window=window)
+        with _paged_mesh(programs):
+            h, cache = backend.hidden_states(params, c, tok[:, None], segment_ids_BT=live[:, None].astype(jnp.int32),
+                                             cache=st.cache, window=window)
         logits = jnp.where(live[:, None], backend.unembed(params, c, h)[:, 0], st.logits_BV)
         done = done | hit | (n >= max_new_B)
         return i + 1, SamplerState(cache=cache, logits_BV=logits), done, stopped, n, toks, lp, slp
@@ -265,7 +275,8 @@ class Sampler:
         self.layout = self.backend.layout
         self.paged = self.backend.kv_cache == "paged"
         if self.paged:
-            self.kv_pages = kv_pages or self.backend.pages_for(batch_size, max_len)
+            self.page_shards = self._page_shards()
+            self.kv_pages = kv_pages or self.backend.pages_for(batch_size, max_len, self.page_shards)
             self.page_table = self._new_page_table()
         self.rows_out_of_pages = 0  # decode rows ended for want of a page (finish_reason "pages")
         if row_buckets is None:
@@ -281,7 +292,20 @@ class Sampler:
 
     def _new_page_table(self) -> PageTable:
         page = self.backend.page_size
-        return PageTable(self.batch_size, self.kv_pages, page, -(-self.max_len // page))
+        return PageTable(self.batch_size, self.kv_pages, page, -(-self.max_len // page), shards=self.page_shards)
+
+    def _page_shards(self) -> int:
+        """Data shards of the mesh, each with its part of the pool and its rows (one
+        without a mesh): every batch axis of the mesh must divide the rows."""
+        if self.mesh is None:
+            return 1
+        names = self.rules.batch if isinstance(self.rules.batch, tuple) else (self.rules.batch,)
+        batch_axes = tuple(a for a in names if a in self.mesh.axis_names and self.mesh.shape[a] > 1)
+        rows = sharded_attention.paged_axes(self.mesh, self.batch_size, 1, self.rules)[0]
+        if rows != batch_axes:
+            raise ValueError(f"batch_size={self.batch_size} must split over the mesh's batch axes {batch_axes} "
+                             "(a paged cache gives each data shard its rows' pages)")
+        return math.prod(self.mesh.shape[a] for a in rows)
 
     def init_state(self) -> SamplerState:
         """All slots empty (a paged sampler: all pages free; one state at a time)."""

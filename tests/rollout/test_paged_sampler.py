@@ -1,19 +1,19 @@
 """The paged KV cache of the stacked sampler: the contiguous cache's tokens through page
 boundaries, slot reuse and multi-turn extends; every page back in the pool after a run; a
 pool too small ends rows truncated ("pages", counted), never on another row's values; the
-TPU kernel in Pallas interpret mode decodes the gather read's tokens."""
+TPU's Pallas kernel, in interpret mode, prefills, extends and decodes the contiguous cache's
+tokens."""
 
 import os
 
 import jax
 import numpy as np
 import pytest
-from jax.experimental.pallas import tpu as pltpu
 
 from jaxscaffold import config as config_lib
 from jaxscaffold.backends.accelerator import Accelerator
 from jaxscaffold.models import config as model_configs
-from jaxscaffold.models import paged_attention, qwen3
+from jaxscaffold.models import paged_kernel, qwen3
 from jaxscaffold.rollout.engine import ContextOverflow, Sampler
 from jaxscaffold.rollout.pages import PageTable
 from jaxscaffold.rollout.sampling import GREEDY
@@ -127,25 +127,28 @@ def test_multi_turn_ends_a_turn_out_of_pages_and_reports_no_room(tiny):
 
 
 @pytest.mark.slow
-def test_the_tpu_kernel_in_interpret_mode_decodes_the_gather_reads_tokens(tiny, monkeypatch):
-    """The TPU backend's paged decode (the Pallas kernel, bf16 pages) run on CPU in interpret
-    mode gives the gather read's tokens; the kernel ran in every decode step's program."""
+def test_the_tpu_kernel_in_interpret_mode_gives_the_contiguous_caches_tokens(tiny, monkeypatch):
+    """The TPU backend's paged read (the Pallas kernel, `paged_kernel`, run by the Pallas
+    interpreter on CPU), in prefill, multi-turn extends and decode, f32 pages: the contiguous
+    cache's tokens through page boundaries and slot reuse, the same pages held."""
     config, params = tiny
-    calls = []
-    kernel = paged_attention.decode_attention_tpu
-    monkeypatch.setattr(paged_attention, "decode_attention_tpu", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
-    outs = {}
-    for name, platform in (("gather", "portable"), ("pallas", "tpu")):
-        backend = Accelerator(platform=platform, kv_cache="paged", page_size=PAGE)
-        assert backend.paged_decode("bfloat16") == name
-        sampler = _sampler(config, cache_dtype="bfloat16", backend=backend)
-        with pltpu.force_tpu_interpret_mode():
-            state = sampler.extend(params, sampler.init_state(), {0: list(range(100, 130)), 1: [7, 8, 9]})
-            state, outs[name] = sampler.generate(params, state, [0, 1], max_new_tokens=20, seeds=[1, 2])
-    assert calls  # traced into the pallas sampler's decode program
-    for slot in (0, 1):
-        np.testing.assert_array_equal(outs["pallas"][slot].tokens, outs["gather"][slot].tokens)
-        np.testing.assert_allclose(outs["pallas"][slot].logprobs, outs["gather"][slot].logprobs, atol=1e-3)
+    monkeypatch.setattr(paged_kernel, "INTERPRET", True)
+    queries = []  # queries a row of each traced call: prefill / extends (many) and decode (1)
+    kernel = paged_kernel.paged_attention
+    monkeypatch.setattr(paged_kernel, "paged_attention", lambda q, *a, **kw: queries.append(q.shape[1]) or kernel(q, *a, **kw))
+    ref, ref_lengths, _, _ = _episodes(_sampler(config), params)
+    backend = Accelerator(platform="tpu", kv_cache="paged", page_size=PAGE)
+    assert backend.paged_read() == "pallas" and Accelerator(platform="gpu").paged_read() == "gather"
+    sampler = _sampler(config, backend=backend)
+    got, lengths, pages, _ = _episodes(sampler, params)
+    assert 1 in queries and max(queries) > 1  # the kernel read decode and prefill
+    np.testing.assert_array_equal(lengths, ref_lengths)
+    for turn_ref, turn in zip(ref, got):
+        for slot in (0, 1):
+            np.testing.assert_array_equal(turn[slot].tokens, turn_ref[slot].tokens)
+            np.testing.assert_allclose(turn[slot].logprobs, turn_ref[slot].logprobs, rtol=1e-4, atol=1e-4)
+    assert pages == [-(-70 // PAGE) + -(-43 // PAGE), -(-125 // PAGE) + -(-50 // PAGE)]
+    assert sampler.page_table.used == 0
 
 
 def test_page_table_accounting():
@@ -165,6 +168,22 @@ def test_page_table_accounting():
         PageTable(slots=1, pages=1, page_size=4, width=1)
 
 
+def test_a_page_table_split_into_data_shards():
+    """Slots 0-1 on shard 0 (pages 0-3, 0 its scratch), slots 2-3 on shard 1 (pages 4-7,
+    4 its scratch): a slot takes its own shard's pages only, and runs out with its shard."""
+    table = PageTable(slots=4, pages=8, page_size=4, width=4, shards=2)
+    assert [table.shard(s) for s in range(4)] == [0, 0, 1, 1]
+    assert list(table.table[:, 0]) == [0, 0, 4, 4]  # unfilled entries: the shard's scratch page
+    assert table.grow(2, 16) == 12 and table.held[2] == [5, 6, 7]  # its shard's 3 pages, not shard 0's
+    assert table.room(3, 0) == 0 and table.grow(3, 1) == 0  # shard 1 is empty ...
+    assert table.room(0, 0) == 12 and table.grow(0, 5) == 8 and table.held[0] == [1, 2]  # ... shard 0 is not
+    table.release(2)
+    assert list(table.table[2]) == [4] * 4 and table.used == 2 and sorted(table.free) == [3, 5, 6, 7]
+    for bad in (dict(slots=3, pages=8), dict(slots=4, pages=9), dict(slots=4, pages=2)):
+        with pytest.raises(ValueError):
+            PageTable(page_size=4, width=4, shards=2, **bad)
+
+
 def test_the_config_chooses_the_cache():
     base = lambda: config_lib.load_file(os.path.join(ROOT, "configs", "base.py"))  # noqa: E731 (overrides change it)
     cfg = config_lib.from_configdict(config_lib.parse_overrides(
@@ -181,9 +200,43 @@ def test_the_config_chooses_the_cache():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("platform", ["portable", "tpu"])
+def test_one_page_pool_per_data_shard(tiny, monkeypatch, platform):
+    """On a 4 x 2 (data x tensor) mesh of the 8 fake devices: the pool's pages split over
+    `data` with the rows, kv heads over `tensor`; each row holds pages of its own shard's part
+    only; the tokens are the unsharded sampler's, with the gather read ("portable") and with
+    the TPU kernel in interpret mode, each device reading its own pages under shard_map."""
+    from jaxscaffold.models.sharding import MeshConfig, make_mesh
+    monkeypatch.setattr(paged_kernel, "INTERPRET", True)
+    config, params = tiny
+    mesh = make_mesh(MeshConfig(data=4, fsdp=1, tensor=2), jax.devices()[:8])
+    backend = Accelerator(platform=platform, kv_cache="paged", page_size=PAGE)
+    outs, tables = [], []
+    for p, m in ((params, None), (jax.device_put(params, qwen3.param_shardings(config, mesh)), mesh)):
+        sampler = Sampler(config, batch_size=8, max_len=64, sampling=GREEDY, stop_ids=(), layout="stacked", mesh=m,
+                          cache_dtype="float32", backend=backend)
+        state = sampler.extend(p, sampler.init_state(), {s: [s + 10, 2 * s + 11] * (2 + 3 * s) for s in range(8)})
+        state, out = sampler.generate(p, state, list(range(8)), max_new_tokens=10, seeds=list(range(8)))
+        outs.append(out)
+        tables.append(sampler.page_table)
+    table = tables[1]
+    assert table.shards == 4 and table.pages == 8 * 4 + 4  # each row's max_len, a scratch page a shard
+    per = table.pages // 4
+    for slot in range(8):  # rows 2s, 2s + 1 on data shard s, their pages in its part
+        assert table.held[slot] and all(slot // 2 * per < page < (slot // 2 + 1) * per for page in table.held[slot])
+    want = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "tensor", ("data", "fsdp")))
+    assert state.cache.k.sharding.is_equivalent_to(want, 5), state.cache.k.sharding
+    for s in range(8):
+        np.testing.assert_array_equal(outs[0][s].tokens, outs[1][s].tokens)
+        np.testing.assert_allclose(outs[0][s].logprobs, outs[1][s].logprobs, atol=1e-4)
+    # The paged read and write run per device (under shard_map), on the device's own pages.
+    assert "manual_computation" in sampler.lower_decode(sampler.prepare(p), state, window=64).as_text()
+
+
+@pytest.mark.slow
 def test_a_sharded_paged_sampler_equals_the_unsharded_one(tiny):
-    """Kv heads over `tensor`, rows (and their page tables) over the batch axes, the pool
-    shared by the rows: the unsharded paged sampler's tokens, the pool keeping its sharding."""
+    """Kv heads over `tensor`, rows (and their page tables) and the pool's pages over the
+    batch axes: the unsharded paged sampler's tokens, the pool keeping its sharding."""
     from jaxscaffold.models.sharding import MeshConfig, make_mesh
     config, params = tiny
     mesh = make_mesh(MeshConfig(data=2, fsdp=1, tensor=2), jax.devices()[:4])
@@ -194,7 +247,7 @@ def test_a_sharded_paged_sampler_equals_the_unsharded_one(tiny):
         state = sampler.extend(p, sampler.init_state(), {s: [s + 10, 2 * s + 11] * (5 + 5 * s) for s in range(4)})
         state, out = sampler.generate(p, state, list(range(4)), max_new_tokens=12, seeds=[1, 2, 3, 4])
         if m is not None:
-            want = jax.sharding.NamedSharding(m, jax.sharding.PartitionSpec(None, "tensor"))
+            want = jax.sharding.NamedSharding(m, jax.sharding.PartitionSpec(None, "tensor", ("data", "fsdp")))
             assert state.cache.k.sharding.is_equivalent_to(want, 5), state.cache.k.sharding
         outs.append(out)
     for s in range(4):
