@@ -37,7 +37,7 @@ LANES = 128  # the running max and sum are kept lane-wide, as TPU vector registe
 def _kernel(layer_ref, lengths_ref, starts_ref, table_ref, q_ref, *refs, pages_per_block: int, page: int,
             tokens_per_tile: int, group: int):
     del layer_ref, table_ref  # read by the index maps
-    n = pages_per_block or min(max(1, 512 // page), table_BN.shape[1])
+    n = pages_per_block
     k_refs, v_refs, o_ref = refs[:n], refs[n:2 * n], refs[2 * n]
     m_ref, l_ref, acc_ref = refs[2 * n + 1:]
     b, tile, block = pl.program_id(0), pl.program_id(1), pl.program_id(2)
