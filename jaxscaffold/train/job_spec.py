@@ -72,7 +72,9 @@ def model_config(cfg: RunConfig) -> model_config_lib.Qwen3Config:
 def optimizer_config(cfg: RunConfig) -> OptimizerConfig:
     """The run's optimizer (its `learning_rate()` schedule is what the logs report)."""
     r = cfg.rl
-    return OptimizerConfig(lr=r.lr, weight_decay=r.weight_decay, grad_clip=r.grad_clip, warmup_steps=r.warmup_steps)
+    cosine = r.lr_schedule == "cosine"  # (a constant schedule's spec does not depend on the run's length)
+    return OptimizerConfig(lr=r.lr, weight_decay=r.weight_decay, grad_clip=r.grad_clip, warmup_steps=r.warmup_steps,
+                           schedule=r.lr_schedule, decay_steps=cfg.steps if cosine else 0)
 
 
 def correction(cfg: RunConfig) -> Correction:
