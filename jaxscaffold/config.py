@@ -81,10 +81,11 @@ class Mesh:
 @dataclasses.dataclass(frozen=True)
 class RL:
     algorithm: str = field("grpo", "grpo | dapo | gspo | drgrpo (jaxscaffold.rl.presets)")
-    lr: float = field(1e-6, "AdamW learning rate (constant after warmup)", gt=0.0)
+    lr: float = field(1e-6, "AdamW learning rate (after warmup: rl.lr_schedule)", gt=0.0)
     weight_decay: float = field(0.01, "AdamW decoupled weight decay", ge=0.0)
     grad_clip: float = field(1.0, "global-norm gradient clipping", ge=0.0)
     warmup_steps: int = field(0, "linear warmup of the learning rate", ge=0)
+    lr_schedule: str = field("constant", "the learning rate after warmup: constant, or cosine (to 0 at the run's last step)", choices=("constant", "cosine"))
     ppo_epochs: int = field(1, "passes over each rollout batch", ge=1)
     num_minibatches: int = field(1, "optimizer steps per epoch (1: the whole batch; rl.minibatch_rows sets them by rows, as the reference)", ge=1)
     micro_batches: int = field(1, "gradient-accumulation micro-batches per optimizer step", ge=1)

@@ -27,7 +27,7 @@ from jaxscaffold.models.chat import Qwen3ChatRenderer
 from jaxscaffold.models.sharding import MeshConfig, make_mesh
 from jaxscaffold.models.tokenizer import QwenOfflineTokenizer, cached_hf_tokenizer_dir
 from jaxscaffold.rollout.conversation import MultiTurn
-from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import SamplingConfig
 
 
@@ -62,8 +62,8 @@ def tour(args, mesh, config, params, out: str, t0: float) -> None:
                          add_generation_prompt=True)
     print(f"[chat] prompt of {len(prompt)} ids: {tokenizer.decode(prompt)!r}")
 
-    sampler = Sampler(config, stop_ids=tokenizer.eos_ids, batch_size=2, max_len=512, sampling=SamplingConfig(temperature=1.0, top_p=0.95),
-                      mesh=None)
+    sampler = Sampler(config, stop_ids=tokenizer.eos_ids, batch_size=2, max_len=512, mesh=None,
+                      options=SamplerOptions(sampling=SamplingConfig(temperature=1.0, top_p=0.95)))
     rollouts = MultiTurn(sampler)
     rollouts.extend(params, {0: prompt, 1: prompt})
     t1 = time.perf_counter()

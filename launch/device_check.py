@@ -97,7 +97,7 @@ def parity(quick: bool) -> dict:
 
 
 def decode(quick: bool, hbm_tbps: float, kv_cache: str = "contiguous") -> list[dict]:
-    from jaxscaffold.rollout.engine import Sampler
+    from jaxscaffold.rollout.engine import Sampler, SamplerOptions
     from jaxscaffold.rollout.sampling import GREEDY
     config = (model_configs.tiny(compute_dtype="bfloat16", param_dtype="bfloat16") if quick
               else model_configs.preset("qwen3-0.6b", compute_dtype="bfloat16", param_dtype="bfloat16"))
@@ -106,8 +106,9 @@ def decode(quick: bool, hbm_tbps: float, kv_cache: str = "contiguous") -> list[d
     prompt, new = (32, 16) if quick else (512, 128)
     out = []
     for batch in ((2, 4) if quick else (16, 64, 128)):
-        sampler = Sampler(config, batch_size=batch, max_len=prompt + new + 8, sampling=GREEDY, stop_ids=(),
-                          cache_dtype="bfloat16", layout="stacked", kv_cache=kv_cache)
+        sampler = Sampler(config, batch_size=batch, max_len=prompt + new + 8, stop_ids=(),
+                          options=SamplerOptions(sampling=GREEDY, cache_dtype="bfloat16", layout="stacked",
+                                                 kv_cache=kv_cache))
         prepared = sampler.prepare(params)
         ids = {s: list(np.random.RandomState(s).randint(0, config.vocab_size, prompt)) for s in range(batch)}
 
@@ -132,7 +133,7 @@ def decode(quick: bool, hbm_tbps: float, kv_cache: str = "contiguous") -> list[d
 
 def decode_fill(quick: bool, hbm_tbps: float) -> list[dict]:
     """Seconds per decode step with the cache filled to 1/8, 1/2 and all of its length."""
-    from jaxscaffold.rollout.engine import Sampler
+    from jaxscaffold.rollout.engine import Sampler, SamplerOptions
     from jaxscaffold.rollout.sampling import GREEDY
     config = (model_configs.tiny(compute_dtype="bfloat16", param_dtype="bfloat16") if quick
               else model_configs.preset("qwen3-0.6b", compute_dtype="bfloat16", param_dtype="bfloat16"))
@@ -140,8 +141,8 @@ def decode_fill(quick: bool, hbm_tbps: float) -> list[dict]:
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
     kv_per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 2  # k and v, bf16
     batch, length, new = (2, 128, 4) if quick else (16, 4096, 16)
-    sampler = Sampler(config, batch_size=batch, max_len=length + 8, sampling=GREEDY, stop_ids=(),
-                      cache_dtype="bfloat16", layout="stacked")
+    sampler = Sampler(config, batch_size=batch, max_len=length + 8, stop_ids=(),
+                      options=SamplerOptions(sampling=GREEDY, cache_dtype="bfloat16", layout="stacked"))
     prepared = sampler.prepare(params)
     out = []
     for fill in (1 / 8, 1 / 2, 1):

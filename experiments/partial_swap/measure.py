@@ -35,7 +35,7 @@ from jaxscaffold.models import config as model_config
 from jaxscaffold.models import qwen3
 from jaxscaffold.models.tokenizer import QwenOfflineTokenizer
 from jaxscaffold.rl.logprobs import token_logprobs
-from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import SamplingConfig
 
 
@@ -64,8 +64,8 @@ def measure(rows: int = 8, max_new_tokens: int = 24, chunk: int = 8, turns: int 
     teacher = jax.jit(lambda p, ids: token_logprobs(p, config, ids)[0])
     out = {}
     for way in ("keep", "reprefill", "keep", "reprefill"):  # twice: the first run of each compiles
-        sampler = Sampler(config, stop_ids=tok.eos_ids, batch_size=rows, max_len=1024, cache_dtype="float32",
-                          sampling=SamplingConfig(temperature=1.0))
+        sampler = Sampler(config, stop_ids=tok.eos_ids, batch_size=rows, max_len=1024,
+                          options=SamplerOptions(cache_dtype="float32", sampling=SamplingConfig(temperature=1.0)))
         asks = [0]
 
         def refresh(asks=asks):

@@ -88,7 +88,7 @@ def probe_case(env: bfcl.BFCLEnv, task, operation: str) -> ProbeCase:
 
 def probe_cases(operations: Sequence[str] = tuple(OPERATIONS)) -> list[ProbeCase]:
     """The probe's chats, one per operation (deterministic: a fixed entry and fixed calls)."""
-    env = bfcl.BFCLEnv(tool_format="qwen", oe_transform=enrich_result)
+    env = bfcl.BFCLEnv(bfcl.BFCLOptions(tool_format="qwen", oe_transform=enrich_result))
     task = next(t for t in bfcl.catalogue("train") if t.task_id == PROBE_ENTRY)
     try:
         return [probe_case(env, task, op) for op in operations]

@@ -18,6 +18,11 @@ is what RL has to learn. The hint and checklist texts are the feedback enrichers
 (`feedback.enrichers.rooms_ag`, `rooms_oe`). Writes an HF directory (config.json +
 safetensors) that a run loads with `model.hf_path=OUT_DIR` and `model.vocabulary=rooms`.
 
+The fit runs through the package's trainer as an `sft` job whose demonstrations the teacher
+writes afresh each step (`Teacher`, a `workloads.sft.Demonstrations` source); OUT_DIR/run holds
+that run (its config, metrics, final checkpoint and the seeded random init it starts from; the
+trainer resumes a finished run rather than redo it, so a new base takes a new OUT_DIR).
+
 The defaults are the base the third FEE study ran from (experiments/rooms_fee/):
 copying emerges late. Measured by experiments/rooms_fee/measure.py (64 test layouts at 2,000 steps, 32 at
 the others), the share of hinted turns on which the model takes the hint, AG on every step:
@@ -32,30 +37,29 @@ vocabulary is trained afresh.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import os
-import shutil
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
 import jax  # noqa: E402
-import numpy as np  # noqa: E402
 
+from jaxscaffold import config as config_lib  # noqa: E402
 from jaxscaffold.envs import rooms  # noqa: E402
+from jaxscaffold.envs.base import Task  # noqa: E402
 from jaxscaffold.envs.prompts import history_window_text, system_prompt  # noqa: E402
 from jaxscaffold.feedback.enrichers import rooms_ag, rooms_oe  # noqa: E402
 from jaxscaffold.models import config as model_configs  # noqa: E402
 from jaxscaffold.models import hf_io, qwen3  # noqa: E402
 from jaxscaffold.models.chat import Qwen3ChatRenderer  # noqa: E402
 from jaxscaffold.models.word_tokenizer import padded_vocab_size  # noqa: E402
-from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_sft_step  # noqa: E402
 from jaxscaffold.rollout.conversation import Conversation  # noqa: E402
-from jaxscaffold.train.batching import build_batch  # noqa: E402
+from jaxscaffold.train.export import export_checkpoint  # noqa: E402
+from jaxscaffold.train.trainer import train  # noqa: E402
 from jaxscaffold.train.vocabularies import word_tokenizer  # noqa: E402
+from jaxscaffold.train.workloads.sft import SFTWorkload  # noqa: E402
 
 
 # The teacher of the defaults (the base the third FEE study ran from; experiments/rooms_rwml/base.py's
@@ -107,48 +111,71 @@ def base_rows(env, task, chat, rng: random.Random, turns: int, *, hint: float, f
     return rows
 
 
-def teacher_batch(env, tasks, chat, rng: random.Random, n: int, turns: int, *, hint: float, follow: float,
-                  oe: float) -> list[Conversation]:
-    """`n` step-wise teacher rows (`base_rows`) drawn from fresh episodes on random `tasks`: an
-    episode's turns are alike for the memoryless teacher, so every row of an episode is usable."""
+def teacher_rows(env, tasks, chat, rng: random.Random, n: int, turns: int, *, hint: float, follow: float,
+                 oe: float) -> list[tuple[Task, Conversation]]:
+    """`n` step-wise teacher rows (`base_rows`) with their tasks, drawn from fresh episodes on
+    random `tasks`: an episode's turns are alike for the memoryless teacher, so every row of an
+    episode is usable."""
     pool = []
     while len(pool) < n:
-        pool += base_rows(env, rng.choice(tasks), chat, rng, turns, hint=hint, follow=follow, oe=oe)
+        task = rng.choice(tasks)
+        pool += [(task, row) for row in base_rows(env, task, chat, rng, turns, hint=hint, follow=follow, oe=oe)]
     return rng.sample(pool, n)
 
 
-def save_resume(out_dir: str, step: int, state, rng: random.Random, args: dict) -> None:
-    """The build's state after `step` (the train state's leaves, the teacher's generator, the
-    arguments) in OUT_DIR/resume/, written atomically: an interrupted build continues from it
-    exactly as if it had not stopped."""
-    folder = os.path.join(out_dir, "resume")
-    os.makedirs(folder, exist_ok=True)
-    leaves = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(state))]
-    np.savez(os.path.join(folder, "state.tmp.npz"), *leaves)
-    with open(os.path.join(folder, "meta.tmp.json"), "w") as f:
-        json.dump({"step": step, "rng": rng.getstate(), "args": args}, f)
-    os.replace(os.path.join(folder, "state.tmp.npz"), os.path.join(folder, "state.npz"))
-    os.replace(os.path.join(folder, "meta.tmp.json"), os.path.join(folder, "meta.json"))
+def teacher_batch(env, tasks, chat, rng: random.Random, n: int, turns: int, *, hint: float, follow: float,
+                  oe: float) -> list[Conversation]:
+    """`teacher_rows` without their tasks."""
+    return [row for _, row in teacher_rows(env, tasks, chat, rng, n, turns, hint=hint, follow=follow, oe=oe)]
 
 
-def load_resume(out_dir: str, state, rng: random.Random, args: dict):
-    """(step, state) from OUT_DIR/resume/ when an earlier build of the same arguments left one
-    (the generator set to its saved state), else (0, state). A different build's is an error."""
-    folder = os.path.join(out_dir, "resume")
-    if not os.path.isfile(os.path.join(folder, "meta.json")):
-        return 0, state
-    with open(os.path.join(folder, "meta.json")) as f:
-        meta = json.load(f)
-    if meta["args"] != args:
-        raise ValueError(f"{folder} holds a build with other arguments ({meta['args']}); remove it to start afresh")
-    leaves, treedef = jax.tree.flatten(state)
-    with np.load(os.path.join(folder, "state.npz")) as saved:
-        loaded = [saved[f"arr_{i}"] for i in range(len(saved.files))]
-    if len(loaded) != len(leaves) or any(a.shape != np.shape(b) for a, b in zip(loaded, leaves)):
-        raise ValueError(f"{folder}: the saved state does not match this model; remove it to start afresh")
-    version, internal, gauss = meta["rng"]
+class Teacher:
+    """The teacher's rows as the `sft` workload's demonstrations (`workloads.sft.Demonstrations`):
+    `batch` fresh rows of train-split episodes each step, from one generator seeded once."""
+
+    def __init__(self, chat, *, batch: int, turns: int, hint: float, follow: float, oe: float, seed: int):
+        self.chat, self.size, self.turns = chat, batch, turns
+        self.probs = {"hint": hint, "follow": follow, "oe": oe}
+        self.env, self.tasks, self.rng = rooms.RoomsEnv(), rooms.catalogue("train"), random.Random(seed)
+
+    def batch(self, step: int) -> list[tuple[Task, Conversation]]:
+        return teacher_rows(self.env, self.tasks, self.chat, self.rng, self.size, self.turns, **self.probs)
+
+    def get_state(self) -> dict:
+        return {"rng": rng_state(self.rng)}
+
+    def set_state(self, state: dict) -> None:
+        restore_rng(self.rng, state["rng"])
+
+
+def rng_state(rng: random.Random) -> list:
+    """A generator's state as JSON (what a checkpoint keeps)."""
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def restore_rng(rng: random.Random, state: list) -> None:
+    """Sets a generator to `rng_state`'s output."""
+    version, internal, gauss = state
     rng.setstate((version, tuple(internal), gauss))
-    return meta["step"], jax.tree.unflatten(treedef, [jax.numpy.asarray(x) for x in loaded])
+
+
+def run_config(args, model_dir: str, run_dir: str):
+    """The trainer's `sft` job of a base: the model in `model_dir` on the rooms words, in f32,
+    the script's optimizer, no evaluation, the final parameters exported to OUT_DIR."""
+    c = config_lib.defaults()
+    c.job, c.out_dir, c.steps, c.seed = "sft", run_dir, args.steps, args.seed
+    c.model.hf_path, c.model.vocabulary = model_dir, "rooms"
+    c.model.param_dtype = c.model.compute_dtype = c.model.cache_dtype = "float32"
+    c.model.remat_policy = "none"
+    c.rl.lr, c.rl.weight_decay = args.lr, 0.0
+    c.rl.lr_schedule = "cosine" if args.cosine else "constant"
+    c.envs.train, c.envs.eval, c.envs.num_workers = "rooms", "rooms:test", 0
+    c.rollout.max_turns, c.rollout.max_new_tokens, c.rollout.enable_thinking = args.turns, 8, False
+    c.eval.every = 0
+    c.checkpoint.every, c.checkpoint.params_only_every = min(args.checkpoint_every, args.steps), args.save_every
+    c.export.at_end, c.export.dir = True, args.out_dir
+    return c
 
 
 def main(argv: list[str]) -> int:
@@ -168,57 +195,35 @@ def main(argv: list[str]) -> int:
     p.add_argument("--init", default="", help="start from this HF directory (an earlier base; its size, not "
                    "--hidden / --layers) instead of a random init")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--checkpoint-every", type=int, default=50, help="save the build's state to OUT_DIR/resume every "
-                   "N steps; a rerun of the same command continues from it (0: never)")
+    p.add_argument("--checkpoint-every", type=int, default=50, help="checkpoint the build (weights, optimizer, the "
+                   "teacher's generator) every N steps: the same command rerun continues from the last one")
     args = p.parse_args(argv)
     probs_ok = all(0.0 <= x <= 1.0 for x in (args.hint, args.follow, args.oe)) and args.hint + args.oe <= 1.0
     sizes_ok = (args.hidden >= 16 and args.hidden % 16 == 0 and args.layers >= 1 and args.save_every >= 0
-                and args.checkpoint_every >= 0)
+                and args.checkpoint_every >= 1)
     if args.steps < 1 or args.batch < 1 or args.turns < 1 or not args.lr > 0 or not probs_ok or not sizes_ok:
         print("error: --steps, --batch and --turns must be >= 1, --lr > 0, --hint/--follow/--oe in [0, 1] "
-              "with --hint + --oe <= 1, --hidden a multiple of 16, --layers >= 1, --save-every and --checkpoint-every >= 0",
+              "with --hint + --oe <= 1, --hidden a multiple of 16, --layers >= 1, --save-every >= 0, --checkpoint-every >= 1",
               file=sys.stderr)
         return 2
 
     tok = word_tokenizer("rooms")
-    chat, tokens = Qwen3ChatRenderer(tok), hf_io.SpecialTokens.of(tok)  # the words' own end ids in the export
-    if args.init:
-        config, params = hf_io.load_pretrained(args.init, compute_dtype="float32", remat_policy="none")
-    else:
+    run_dir = os.path.join(args.out_dir, "run")
+    model_dir = args.init
+    if not args.init:  # a seeded random init of the asked size, where the run starts from
         config = model_configs.tiny(vocab_size=padded_vocab_size(tok), hidden_size=args.hidden,
                                     intermediate_size=3 * args.hidden, num_layers=args.layers,
                                     num_heads=args.hidden // 16, num_kv_heads=max(1, args.hidden // 32),
                                     compute_dtype="float32", remat_policy="none")
-        params = qwen3.init_params(config, jax.random.key(args.seed))
-    opt = OptimizerConfig(lr=args.lr, weight_decay=0.0, schedule="cosine" if args.cosine else "constant",
-                          decay_steps=args.steps)
-    state = init_train_state(params, opt.make())
-    sft_step = make_sft_step(config, opt)
-    rng = random.Random(args.seed)
-    tasks = rooms.catalogue("train")
-    env = rooms.RoomsEnv()
-    recipe = {k: v for k, v in vars(args).items() if k not in ("out_dir", "checkpoint_every")}
-    try:
-        done, state = load_resume(args.out_dir, state, rng, recipe)
-    except (ValueError, OSError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if done:
-        print(f"continuing from step {done} ({os.path.join(args.out_dir, 'resume')})", flush=True)
-    start = time.time()
-    for i in range(done + 1, args.steps + 1):
-        convs = teacher_batch(env, tasks, chat, rng, args.batch, args.turns, hint=args.hint, follow=args.follow,
-                              oe=args.oe)
-        state, metrics = sft_step(state, build_batch(convs, np.zeros(len(convs))))
-        if i % 50 == 0 or i == args.steps:
-            print(f"step {i}/{args.steps}  loss {float(metrics['loss']):.3f}  {time.time() - start:.0f}s", flush=True)
-        if args.save_every and i % args.save_every == 0 and i < args.steps:
-            hf_io.save_pretrained(os.path.join(args.out_dir, f"step_{i}"), config, jax.device_get(state.params),
-                                  tokens=tokens)
-        if args.checkpoint_every and i % args.checkpoint_every == 0 and i < args.steps:
-            save_resume(args.out_dir, i, state, rng, recipe)
-    hf_io.save_pretrained(args.out_dir, config, jax.device_get(state.params), tokens=tokens)
-    shutil.rmtree(os.path.join(args.out_dir, "resume"), ignore_errors=True)
+        model_dir = os.path.join(run_dir, "init")
+        hf_io.save_pretrained(model_dir, config, jax.device_get(qwen3.init_params(config, jax.random.key(args.seed))),
+                              tokens=hf_io.SpecialTokens.of(tok))
+    teacher = Teacher(Qwen3ChatRenderer(tok), batch=args.batch, turns=args.turns, hint=args.hint, follow=args.follow,
+                      oe=args.oe, seed=args.seed)
+    train(run_config(args, model_dir, run_dir),
+          workload=lambda job, params: SFTWorkload(job, params, demonstrations=teacher))
+    for step in range(args.save_every, args.steps, args.save_every) if args.save_every else ():
+        export_checkpoint(run_dir, os.path.join(args.out_dir, f"step_{step}"), step=step, verify=False)
     print(f"wrote {args.out_dir}")
     return 0
 

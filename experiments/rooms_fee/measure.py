@@ -28,7 +28,7 @@ from jaxscaffold.episodes.driver import complete  # noqa: E402
 from jaxscaffold.feedback.enrichers import rooms_ag  # noqa: E402
 from jaxscaffold.models import hf_io  # noqa: E402
 from jaxscaffold.models.chat import Qwen3ChatRenderer  # noqa: E402
-from jaxscaffold.rollout.engine import Sampler  # noqa: E402
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions  # noqa: E402
 from jaxscaffold.rollout.sampling import GREEDY, SamplingConfig  # noqa: E402
 from jaxscaffold.train.vocabularies import word_tokenizer  # noqa: E402
 
@@ -90,9 +90,9 @@ def main(argv: list[str]) -> int:
     tasks = tasks[:args.episodes]
     out = {}
     for name, (greedy, hint_steps) in CONDITIONS.items():
-        sampler = Sampler(config, batch_size=len(tasks), max_len=MAX_LEN,
-                          sampling=GREEDY if greedy else SamplingConfig(temperature=1.0), stop_ids=tok.eos_ids,
-                          cache_dtype="float32")
+        sampler = Sampler(config, batch_size=len(tasks), max_len=MAX_LEN, stop_ids=tok.eos_ids,
+                          options=SamplerOptions(sampling=GREEDY if greedy else SamplingConfig(temperature=1.0),
+                                                 cache_dtype="float32"))
         out[name] = play(params, sampler, tok, chat, tasks, hint_steps=hint_steps, seed=args.seed)
         if not args.json:
             r = out[name]

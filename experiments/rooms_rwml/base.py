@@ -3,7 +3,8 @@
 From experiments/rooms_fee/base.py's model (supervised on its hint-following teacher, `rooms` words), two steps:
 1. the `rooms_wm` vocabulary (`vocab_transfer` beside it: learned rows kept, RWML's
    words, `<next_state>` among them, freshly initialised);
-2. a format warm-up (N supervised steps, default 4,000 of batch 16 at lr 2e-3, ~18 min here), each
+2. a format warm-up (N supervised steps, default 4,000 of batch 16 at lr 2e-3, ~18 min here; the
+   package's trainer runs it as an `sft` job fed by `WarmUp`, in OUT_DIR/run), each
    batch a mix: `--policy-share` of its rows are the rooms base's own training examples (step-wise
    rows of its teacher on the train split, experiments/rooms_fee/base.py's `teacher_batch` with its
    `TEACHER`), the rest explorer triples of `--copy-tasks` train layouts (default all 512: ~5,700
@@ -35,7 +36,6 @@ import json
 import os
 import random
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -85,38 +85,51 @@ def mixed_batch(chat, triples, pcfg, env, tasks, rng: random.Random, *, batch: i
     return convs
 
 
-def warm_up(job, params, triples, *, steps: int, batch: int, lr: float, policy_share: float, seed: int):
-    """`steps` SFT steps (`rl.train_step.make_sft_step`) on mixed batches; returns new params."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
+class WarmUp:
+    """The warm-up's mixed batches (`mixed_batch`) as the `sft` workload's demonstrations
+    (`workloads.sft.Demonstrations`), from one generator seeded once."""
 
-    from jaxscaffold.envs import rooms
+    def __init__(self, chat, triples, pcfg, *, batch: int, policy_share: float, seed: int):
+        from jaxscaffold.envs import rooms
+
+        self.chat, self.triples, self.pcfg, self.size, self.share = chat, triples, pcfg, batch, policy_share
+        self.env, self.tasks, self.rng = rooms.RoomsEnv(), rooms.catalogue("train"), random.Random(seed)
+
+    def batch(self, step: int):
+        from jaxscaffold.envs.base import Task
+
+        convs = mixed_batch(self.chat, self.triples, self.pcfg, self.env, self.tasks, self.rng, batch=self.size,
+                            policy_share=self.share)
+        return [(Task("rooms", "warm-up", "train"), conv) for conv in convs]
+
+    def get_state(self) -> dict:
+        return {"rng": rooms_base_module().rng_state(self.rng)}
+
+    def set_state(self, state: dict) -> None:
+        rooms_base_module().restore_rng(self.rng, state["rng"])
+
+
+def warm_up_overrides(out_dir: str, *, steps: int, lr: float) -> list[str]:
+    """The stage-1 config turned into the warm-up's `sft` job: `steps` steps of constant-lr AdamW
+    without decay from the model in out_dir, no evaluation, the result exported over it (the
+    run itself in out_dir/run)."""
+    return ["job=sft", f"steps={steps}", f"rl.lr={lr}", "rl.weight_decay=0.0", "rl.warmup_steps=0",
+            "rl.lr_schedule=constant", "eval.every=0", f"out_dir={os.path.join(out_dir, 'run')}",
+            f"checkpoint.every={steps}", "export.at_end=True", f"export.dir={out_dir}"]
+
+
+def warm_up(cfg, triples, *, batch: int, policy_share: float, seed: int):
+    """The warm-up (`cfg`: `warm_up_overrides`' job) through the package's trainer, its
+    batches the `WarmUp` source's."""
     from jaxscaffold.models.chat import Qwen3ChatRenderer
-    from jaxscaffold.models.sharding import shard_batch
-    from jaxscaffold.rl.train_step import (
-        OptimizerConfig,
-        init_train_state,
-        make_sft_step,
-    )
-    from jaxscaffold.train.batching import build_batch
+    from jaxscaffold.train.trainer import train
+    from jaxscaffold.train.vocabularies import word_tokenizer
+    from jaxscaffold.train.workloads.sft import SFTWorkload
     from jaxscaffold.train.workloads.world_model import prompt_config
 
-    opt = OptimizerConfig(lr=lr, weight_decay=0.0, grad_clip=job.cfg.rl.grad_clip)
-    step_fn = make_sft_step(job.model_config, opt, num_micro_batches=job.cfg.rl.micro_batches, mesh=job.mesh)
-    state = init_train_state(jax.tree.map(jnp.copy, params), opt.make())
-    chat, pcfg = Qwen3ChatRenderer(job.tokenizer), prompt_config(job.cfg)
-    env, tasks, rng = rooms.RoomsEnv(), rooms.catalogue("train"), random.Random(seed)
-    start = time.time()
-    for s in range(1, steps + 1):
-        convs = mixed_batch(chat, triples, pcfg, env, tasks, rng, batch=batch, policy_share=policy_share)
-        arrays = build_batch(convs, np.zeros(len(convs)), row_multiple=job.row_multiple)
-        state, m = step_fn(state, arrays if job.mesh is None else shard_batch(arrays, job.mesh))
-        if s % 25 == 0 or s == steps:
-            m = jax.device_get(m)
-            print(f"warm-up {s}/{steps}  " + "  ".join(f"{k} {float(v):.3f}" for k, v in sorted(m.items()))
-                  + f"  {time.time() - start:.0f}s", flush=True)
-    return state.params
+    source = WarmUp(Qwen3ChatRenderer(word_tokenizer(cfg.model.vocabulary)), triples, prompt_config(cfg),
+                    batch=batch, policy_share=policy_share, seed=seed)
+    return train(cfg, workload=lambda job, params: SFTWorkload(job, params, demonstrations=source))
 
 
 def policy_prompts(chat, n: int, seed: int):
@@ -230,20 +243,19 @@ def main(argv: list[str]) -> int:
     if args.warmup_steps == 0 and args.no_check:
         return 0
     cd = config_lib.load_file(config_lib.config_path("rwml_rooms.py", os.path.join(ROOT, "configs")))
-    cfg = config_lib.from_configdict(config_lib.parse_overrides(
-        cd, [f"model.hf_path={args.out_dir}", f"seed={args.seed}", "mesh.devices=1"]))
-    job, state = build_job(cfg)
-    params = state.params
+    stage1 = [f"model.hf_path={args.out_dir}", f"seed={args.seed}", "mesh.devices=1"]
+    cfg = config_lib.from_configdict(config_lib.parse_overrides(cd, stage1))
     if args.warmup_steps:
         triples = copy_triples(cfg, "train", args.copy_tasks, args.seed)
-        params = warm_up(job, params, triples, steps=args.warmup_steps, batch=args.batch, lr=args.lr,
-                         policy_share=args.policy_share, seed=args.seed)
-        hf_io.save_pretrained(args.out_dir, job.model_config, params, tokens=tokens)
+        overrides = warm_up_overrides(args.out_dir, steps=args.warmup_steps, lr=args.lr)
+        warm_up(config_lib.from_configdict(config_lib.parse_overrides(cd, stage1 + overrides)), triples,
+                batch=args.batch, policy_share=args.policy_share, seed=args.seed)
         print(f"wrote {args.out_dir}: {args.warmup_steps} warm-up steps ({args.policy_share:.0%} policy rows) "
               f"on {len(triples)} copy triples", flush=True)
     if not args.no_check:
+        job, state = build_job(cfg)  # the model as written to out_dir
         heldout = copy_triples(cfg, "test", 8, args.seed + 1)[:32]
-        print("check " + json.dumps(check(job, params, heldout, seed=args.seed)), flush=True)
+        print("check " + json.dumps(check(job, state.params, heldout, seed=args.seed)), flush=True)
     return 0
 
 

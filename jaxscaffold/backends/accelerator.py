@@ -1,6 +1,6 @@
 """TPU and GPU: the model as it is. Stacked weights scanned over layers (the compact program
 these compilers prefer), a stacked cache in its own dtype, autodiff's dense gradient, XLA's
-default options. Also the reference layout on CPU (`Sampler(layout="stacked")`).
+default options. Also the reference layout on CPU (`SamplerOptions(layout="stacked")`).
 
 A sampler's call attends over a bucketed prefix of the cache (`qwen3.hidden_states`'s
 `window`), as on CPU, so a decode step reads the filled part of the cache, not its capacity.

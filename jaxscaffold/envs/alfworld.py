@@ -54,7 +54,7 @@ from typing import Any, Iterable
 
 from jaxscaffold.envs import alfworld_data
 from jaxscaffold.envs.actions import action_of
-from jaxscaffold.envs.base import EnvError, Observation, StepResult, Task
+from jaxscaffold.envs.base import EnvError, EnvSpec, Observation, StepResult, Task
 
 NAME = "alfworld"
 SPLITS = alfworld_data.SPLITS
@@ -65,6 +65,7 @@ SPLIT_ALIASES = {
     "in_distribution": "valid_seen",
     "out_of_distribution": "valid_unseen",
 }
+SPEC = EnvSpec(NAME, __name__, "ALFWorldEnv", splits=(*SPLITS, *SPLIT_ALIASES), extra="envs")
 TASK_TYPES = (
     "pick_and_place_simple",
     "look_at_obj_in_light",

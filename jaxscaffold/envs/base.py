@@ -101,3 +101,43 @@ class EnvBatch(Protocol):
     def step(self, actions: Mapping[int, str]) -> dict[int, StepResult | EpisodeFailure]: ...
 
     def close(self) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """Everything the package needs to know of an environment, declared once, beside the env:
+    its module's `SPEC` (a module that needs an optional dependency when imported keeps its
+    spec in a light module of its own, as tau2's `tau2_spec`), so the registry lists an env
+    without its dependencies, which only matter when the env is built (and then say how to
+    install them). Feedback's side of an env (its AG / OE forms, the unit its windows count,
+    hooks run inside the env) is registered by feedback, keyed by the same name
+    (`feedback.enrichers.FeedbackSpec`): envs know nothing of feedback.
+
+    `module` (importable, e.g. your own `mypkg.myenv`) defines `catalogue(split) -> [Task]`
+    (each Task's `category`, if set, is what evaluation sets balance over and scores report by)
+    and `env_class` (the Env protocol above), which pool workers construct from its import path
+    with the run's `envs.env_kwargs` for this env."""
+
+    name: str
+    module: str
+    env_class: str
+    catalogue: str = "catalogue"  # the module's function: split -> [Task]
+    splits: tuple[str, ...] | None = None  # what `split` may be (None: any; the catalogue says)
+    # "GROUP/split" splits: each group (sciworld's levels, tau2's domains) -> its splits (empty: `splits`)
+    split_groups: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    group_label: str = "group"  # what a group is called in errors ("level", "domain")
+    path_suffix: str = ""  # the split is a path to a file ending so (jsonl: ".jsonl")
+    extra: str | None = None  # the pip extra that provides the module's dependencies
+    system_prompt: str | None = None  # the agent's (else the env's reset observations carry theirs)
+    # The module's function returning every text the env writes (its templates, object names):
+    # what a word-level vocabulary of the env (`model.vocabulary`) is built from.
+    vocabulary: str | None = None
+    # What builds the env from the run's kwargs: the class itself (""), or its attribute, e.g. a
+    # classmethod that gathers them into the env's options object ("from_kwargs").
+    constructor: str = ""
+
+    @property
+    def import_path(self) -> str:
+        """"module:Class" (or "module:Class.constructor"), what a pool worker imports and calls
+        with the run's kwargs to build the env."""
+        return f"{self.module}:{self.env_class}" + (f".{self.constructor}" if self.constructor else "")

@@ -52,18 +52,21 @@ the response check then compares the enriched outputs with the equally enriched 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import importlib
 import json
 import pathlib
 from typing import Any, Callable, Mapping, Sequence
 
-from jaxscaffold.envs.base import EnvError, Observation, StepResult, Task
+from jaxscaffold.envs.base import EnvError, EnvSpec, Observation, StepResult, Task
 from jaxscaffold.envs.bfcl_calls import (CallRecord, Dispatcher, ParsedCall, ResultTransform,
                                          parse_gold, parse_python_calls, parse_qwen_calls)
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 SPLITS = ("train", "validation")
+# Built from the run's kwargs as its options (`BFCLEnv.from_kwargs`).
+SPEC = EnvSpec("bfcl", __name__, "BFCLEnv", constructor="from_kwargs", splits=SPLITS, extra="envs")
 TRAIN_IDS, VALIDATION_IDS = range(0, 100), range(100, 200)
 
 # class name -> module of bfcl_eval...func_source_code and its doc file stem (the same name)
@@ -275,10 +278,12 @@ def _resolve(obj: Any) -> Any:
 
 # --------------------------------------------------------------------------------------- env
 
-class BFCLEnv:
-    """BFCL v3 multi-turn episode runner (see the module docstring for the protocol).
+@dataclasses.dataclass(frozen=True)
+class BFCLOptions:
+    """How a `BFCLEnv` formats, executes and checks an episode (the run sets them through
+    `envs.env_kwargs`'s "bfcl" entry; unknown or invalid values raise at construction).
 
-    Args:
+    Attributes:
       tool_format: "qwen" (`<tool_call>` JSON blocks; docs as `<tools>` schemas) or "python"
         (BFCL's `[f(a=1), g(b="x")]` call lists; docs as BFCL's JSON).
       result_transform: `(instance, method_name, kwargs, result) -> result`, or its import
@@ -320,44 +325,52 @@ class BFCLEnv:
         a timed-out call returns "Error during execution: ..." like any other failure.
     """
 
-    name = "bfcl"
+    tool_format: str = "qwen"
+    result_transform: ResultTransform | str | None = None
+    oe_transform: ResultTransform | str | None = None
+    response_check_on: str = "transformed"
+    response_check_with_oe: str | None = "oe"
+    response_scope: str = "cumulative"
+    hidden_functions: str = "execute"
+    reveal_in: str = "user"
+    state_probe: Callable[[dict], Any] | str | None = None
+    stop_on_failed_turn: bool = False
+    max_tool_steps_per_turn: int = MAX_TOOL_STEPS_PER_TURN
+    max_total_steps: int | None = None
+    max_action_chars: int = 100_000
+    call_timeout_s: float | None = 10.0
 
-    def __init__(self, *, tool_format: str = "qwen",
-                 result_transform: ResultTransform | str | None = None,
-                 oe_transform: ResultTransform | str | None = None,
-                 response_check_on: str = "transformed", response_check_with_oe: str | None = "oe",
-                 response_scope: str = "cumulative",
-                 hidden_functions: str = "execute", reveal_in: str = "user",
-                 state_probe: Callable[[dict], Any] | str | None = None,
-                 stop_on_failed_turn: bool = False,
-                 max_tool_steps_per_turn: int = MAX_TOOL_STEPS_PER_TURN,
-                 max_total_steps: int | None = None, max_action_chars: int = 100_000,
-                 call_timeout_s: float | None = 10.0):
-        for value, allowed in ((tool_format, ("qwen", "python")),
-                               (response_check_on, tuple(_CHECKED_TEXT)),
-                               (response_check_with_oe, (*_CHECKED_TEXT, None)),
-                               (response_scope, ("cumulative", "turn")),
-                               (hidden_functions, ("execute", "reject")),
-                               (reveal_in, ("user", "system"))):
+    def __post_init__(self):
+        for value, allowed in ((self.tool_format, ("qwen", "python")),
+                               (self.response_check_on, tuple(_CHECKED_TEXT)),
+                               (self.response_check_with_oe, (*_CHECKED_TEXT, None)),
+                               (self.response_scope, ("cumulative", "turn")),
+                               (self.hidden_functions, ("execute", "reject")),
+                               (self.reveal_in, ("user", "system"))):
             if value not in allowed:
                 raise ValueError(f"{value!r} is not one of {allowed}")
-        self.tool_format = tool_format
-        self.result_transform = _resolve(result_transform)
-        self.oe_transform = _resolve(oe_transform)
-        self.state_probe = _resolve(state_probe)
-        self.response_check_on = response_check_on
-        self.response_check_with_oe = response_check_with_oe
-        self._checked = response_check_on  # this episode's (see reset)
-        self.response_scope = response_scope
-        self.hidden_functions = hidden_functions
-        self.reveal_in = reveal_in
-        self.stop_on_failed_turn = stop_on_failed_turn
-        self.max_tool_steps_per_turn = max_tool_steps_per_turn
-        self.max_total_steps = max_total_steps
-        self.max_action_chars = max_action_chars
-        self.call_timeout_s = call_timeout_s
+
+
+class BFCLEnv:
+    """BFCL v3 multi-turn episode runner (see the module docstring for the protocol), with
+    `options` (`BFCLOptions`); a pool worker builds it with `from_kwargs(**env_kwargs)`."""
+
+    name = "bfcl"
+
+    def __init__(self, options: BFCLOptions = BFCLOptions()):
+        self.options = options
+        # The hooks as callables (an import path is what travels to a pool worker).
+        self.result_transform = _resolve(options.result_transform)
+        self.oe_transform = _resolve(options.oe_transform)
+        self.state_probe = _resolve(options.state_probe)
+        self._checked = options.response_check_on  # this episode's (see reset)
         self._task: Task | None = None
         self._done = True
+
+    @classmethod
+    def from_kwargs(cls, **options) -> BFCLEnv:
+        """The env of `BFCLOptions(**options)`: what a pool worker calls with the run's kwargs."""
+        return cls(BFCLOptions(**options))
 
     catalogue = staticmethod(catalogue)
 
@@ -371,8 +384,8 @@ class BFCLEnv:
             raise EnvError(f"task {task.task_id} does not match entry {entry['id']}")
         self._task, self._entry, self._gold, self._category = task, entry, gold, category
         oe_planned = "oe" in (spec.get("feedback") or {})
-        self._checked = (self.response_check_with_oe if oe_planned and self.response_check_with_oe
-                         else self.response_check_on)
+        o = self.options
+        self._checked = o.response_check_with_oe if oe_planned and o.response_check_with_oe else o.response_check_on
         long_context = "long_context" in category
         self._instances = make_instances(entry, long_context)
         self._gold_instances = make_instances(entry, long_context)
@@ -384,7 +397,7 @@ class BFCLEnv:
         # one pair of transforms for both sides: the gold results are enriched like the agent's
         self._agent = Dispatcher(self._instances, result_transform=self.result_transform,
                                  oe_transform=self.oe_transform, blocked=self._blocked,
-                                 call_timeout_s=self.call_timeout_s)
+                                 call_timeout_s=self.options.call_timeout_s)
         self._gold_runner = Dispatcher(self._gold_instances,
                                        result_transform=self.result_transform,
                                        oe_transform=self.oe_transform)
@@ -423,13 +436,13 @@ class BFCLEnv:
         info = {"invalid": invalid, "steps": self._steps, "turn": t, "turn_ended": False,
                 "tool_step": True}
         obs = Observation(self._tool_text(records), self._privileged(records, role="tool"))
-        if self._tool_steps_in_turn > self.max_tool_steps_per_turn:
+        if self._tool_steps_in_turn > self.options.max_tool_steps_per_turn:
             return self._finish(obs, info, failure="force_quit",
-                                message=f"more than {self.max_tool_steps_per_turn} tool steps "
+                                message=f"more than {self.options.max_tool_steps_per_turn} tool steps "
                                         f"in turn {t}")
-        if self.max_total_steps is not None and self._steps >= self.max_total_steps:
+        if self.options.max_total_steps is not None and self._steps >= self.options.max_total_steps:
             return self._finish(obs, info, failure="truncated",
-                                message=f"reached {self.max_total_steps} steps")
+                                message=f"reached {self.options.max_total_steps} steps")
         return StepResult(obs, 0.0, False, info)
 
     def close(self) -> None:
@@ -463,14 +476,14 @@ class BFCLEnv:
         given `tools=self.tools` (Qwen3's template then writes the `<tools>` block itself)."""
         if not with_tools:
             return _INSTRUCTIONS
-        if self.tool_format == "qwen":
+        if self.options.tool_format == "qwen":
             return _INSTRUCTIONS + _QWEN_FORMAT.format(tools=_tools_block(self.tools))
         return _INSTRUCTIONS + _PYTHON_FORMAT.format(tools=json.dumps(self._docs,
                                                                       ensure_ascii=False))
 
     # ------------------------------------------------------------------ internals
     def _blocked(self, name: str) -> str | None:
-        if self.hidden_functions == "reject" and name in self._hidden:
+        if self.options.hidden_functions == "reject" and name in self._hidden:
             if not any(name in self._missed[k] for k in self._missed if k <= self._turn):
                 return (f"unknown function '{name}'; only the listed functions can be called")
         return None
@@ -478,11 +491,11 @@ class BFCLEnv:
     def _parse(self, text: str) -> list[ParsedCall] | None:
         if not isinstance(text, str):
             return [ParsedCall("?", error=f"the action must be text, got {type(text).__name__}")]
-        if len(text) > self.max_action_chars:
+        if len(text) > self.options.max_action_chars:
             return [ParsedCall("?", error=f"the output is too long ({len(text)} characters; "
-                                          f"limit {self.max_action_chars}); it was not parsed")]
+                                          f"limit {self.options.max_action_chars}); it was not parsed")]
         try:
-            if self.tool_format == "qwen":
+            if self.options.tool_format == "qwen":
                 return parse_qwen_calls(text)
             return parse_python_calls(text)
         except RecursionError:
@@ -490,7 +503,7 @@ class BFCLEnv:
 
     def _tool_text(self, records: Sequence[CallRecord], oe: bool = False) -> str:
         outputs = [r.oe_output if oe else r.output for r in records]
-        if self.tool_format == "qwen":
+        if self.options.tool_format == "qwen":
             return "\n".join(outputs)
         return "\n".join(f"{r.name}: {out}" for r, out in zip(records, outputs))
 
@@ -511,9 +524,9 @@ class BFCLEnv:
         return Observation(text, priv, system_prompt=self.system_prompt() if with_prompt else None)
 
     def _reveal_text(self, new_docs: list[dict]) -> str:
-        if self.reveal_in == "system":
+        if self.options.reveal_in == "system":
             return _REVEAL.format(where="")
-        if self.tool_format == "qwen":
+        if self.options.tool_format == "qwen":
             block = _tools_block([qwen_tool(d) for d in new_docs])
             return _REVEAL.format(where=" (schemas below)") + f"\n<tools>\n{block}\n</tools>"
         return _REVEAL.format(where=" (listed below)") + "\n" + json.dumps(new_docs,
@@ -563,13 +576,13 @@ class BFCLEnv:
         self._turn += 1
         self._steps_in_turn = self._tool_steps_in_turn = 0
         last = self._turn >= self._n_turns
-        if last or (self.stop_on_failed_turn and not check["valid"]):
+        if last or (self.options.stop_on_failed_turn and not check["valid"]):
             obs = Observation("", self._privileged([], role="user"))
             return self._finish(obs, info)
         obs = self._turn_observation()
-        if self.max_total_steps is not None and self._steps >= self.max_total_steps:
+        if self.options.max_total_steps is not None and self._steps >= self.options.max_total_steps:
             return self._finish(obs, info, failure="truncated",
-                                message=f"reached {self.max_total_steps} steps")
+                                message=f"reached {self.options.max_total_steps} steps")
         return StepResult(obs, 0.0, False, info)
 
     def _finish(self, obs: Observation, info: dict, failure: str | None = None,
@@ -613,7 +626,7 @@ class BFCLEnv:
                                           f"{diffs} after turn {t}",
                             details={"class": class_name, "attributes": diffs})
         key = _CHECKED_TEXT[self._checked]
-        turns = range(t + 1) if self.response_scope == "cumulative" else [t]
+        turns = range(t + 1) if self.options.response_scope == "cumulative" else [t]
         pool = [getattr(r, key) for k in turns for r in self._records[k]]
         missing = []
         for g in (getattr(r, key) for r in self._gold_records[t]):

@@ -37,9 +37,10 @@ import unicodedata
 from typing import Callable
 
 from jaxscaffold.envs.actions import strip_reasoning
-from jaxscaffold.envs.base import EnvError, Observation, StepResult, Task
+from jaxscaffold.envs.base import EnvError, EnvSpec, Observation, StepResult, Task
 
 NAME = "jsonl"
+SPEC = EnvSpec(NAME, __name__, "JsonlEnv", path_suffix=".jsonl")  # a split is a path to a .jsonl file
 SYSTEM_PROMPT = "You are a helpful assistant. Answer the question; give the final answer only."
 RETRY = "Not correct; try again."
 _MAX_ANSWER_CHARS = 10_000  # of the model's answer passed to a reward function

@@ -20,11 +20,12 @@ import time
 import zlib
 from typing import Sequence
 
-from jaxscaffold.envs.base import Observation, StepResult, Task
+from jaxscaffold.envs.base import EnvSpec, Observation, StepResult, Task
 from jaxscaffold.envs.letters import letter_share
 
 Z_99 = 2.3263478740408408  # the standard normal's 99th percentile
 SPLITS = ("train", "test")
+SPEC = EnvSpec("latency", __name__, "LatencyEnv", splits=SPLITS)  # steps that sleep: the rollout benchmark's
 SYSTEM_PROMPT = "You are a writer. Answer with text only."
 
 

@@ -12,7 +12,9 @@ import random
 import string
 import unicodedata
 
-from jaxscaffold.envs.base import Observation, StepResult, Task
+from jaxscaffold.envs.base import EnvSpec, Observation, StepResult, Task
+
+SPEC = EnvSpec("letters", __name__, "LettersEnv", splits=("train", "test"))
 
 LETTERS = "e"
 

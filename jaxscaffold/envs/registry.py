@@ -1,75 +1,26 @@
-"""Every environment's `EnvSpec`, by name: its module and class, catalogue, splits and what
-else the package reads of it, declared once; the modules are imported lazily, so a missing
-optional dependency only matters when its environment is used (and then says how to install).
+"""Every environment's `EnvSpec` (`envs.base`), by name: its module and class, catalogue,
+splits and what else the package reads of it, each declared beside its env (the module's
+`SPEC`). The env modules import their optional dependencies only when an env is built, so a
+missing one only matters when its environment is used (and then says how to install it).
 
-Adding an environment: one module (catalogue + Env class) and one `register(EnvSpec(...))`."""
+Adding an environment: one module (catalogue, Env class and its `SPEC`) and one
+`register(SPEC)`."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 from typing import Callable, Mapping
 
-from jaxscaffold.envs.base import Env, Task
+from jaxscaffold.envs import alfworld, bfcl, jsonl, latency, letters, rooms, sciworld, tau2_spec
+from jaxscaffold.envs.base import Env, EnvSpec, Task
 
 
-@dataclasses.dataclass(frozen=True)
-class EnvSpec:
-    """Everything the package needs to know of an environment, declared once and read without
-    importing it (so a missing optional dependency only matters when the env is used, and then
-    says how to install it). Feedback's side of an env (its AG / OE forms, the unit its windows
-    count, hooks run inside the env) is registered by feedback, keyed by the same name
-    (`feedback.enrichers.FeedbackSpec`): envs know nothing of feedback.
-
-    `module` (importable, e.g. your own `mypkg.myenv`) defines `catalogue(split) -> [Task]` (each
-    Task's `category`, if set, is what evaluation sets balance over and scores report by) and
-    `env_class` (the Env protocol of `envs.base`), which pool workers construct from its import
-    path with the run's `envs.env_kwargs` for this env."""
-
-    name: str
-    module: str
-    env_class: str
-    catalogue: str = "catalogue"  # the module's function: split -> [Task]
-    splits: tuple[str, ...] | None = None  # what `split` may be (None: any; the catalogue says)
-    # "GROUP/split" splits: each group (sciworld's levels, tau2's domains) -> its splits (empty: `splits`)
-    split_groups: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
-    group_label: str = "group"  # what a group is called in errors ("level", "domain")
-    path_suffix: str = ""  # the split is a path to a file ending so (jsonl: ".jsonl")
-    extra: str | None = None  # the pip extra that provides the module's dependencies
-    system_prompt: str | None = None  # the agent's (else the env's reset observations carry theirs)
-    # The module's function returning every text the env writes (its templates, object names):
-    # what a word-level vocabulary of the env (`model.vocabulary`) is built from.
-    vocabulary: str | None = None
-
-    @property
-    def import_path(self) -> str:
-        """"module:Class", what a pool worker imports to build the env."""
-        return f"{self.module}:{self.env_class}"
-
-
-SCIWORLD_LEVEL_SPLITS = {"official": ("train", "dev", "test"), "L0": ("train", "test"), "L1": ("train", "test"),
-                         "L2": ("train", "test")}  # ScienceWorld's levels and their splits ("L1/test")
-TAU2_DOMAINS = ("retail", "airline", "telecom")
-
-# The built-in environments, one registration each (tests/envs check the splits against each
-# module's own). `register` adds one from outside the package.
-ENVS: dict[str, EnvSpec] = {spec.name: spec for spec in (
-    EnvSpec("letters", "jaxscaffold.envs.letters", "LettersEnv", splits=("train", "test")),
-    # A bare split is the default level L0's (the FEE reference code's lists).
-    EnvSpec("sciworld", "jaxscaffold.envs.sciworld", "ScienceWorldEnv", splits=SCIWORLD_LEVEL_SPLITS["L0"],
-            split_groups=SCIWORLD_LEVEL_SPLITS, group_label="level", extra="envs"),
-    EnvSpec("bfcl", "jaxscaffold.envs.bfcl", "BFCLEnv", splits=("train", "validation"), extra="envs"),
-    EnvSpec("alfworld", "jaxscaffold.envs.alfworld", "ALFWorldEnv", extra="envs",
-            splits=("train", "valid_seen", "valid_unseen", "eval_in_distribution", "eval_out_of_distribution",
-                    "in_distribution", "out_of_distribution")),
-    EnvSpec("tau2", "jaxscaffold.envs.tau2", "Tau2Env", splits=("train", "test", "base"),
-            split_groups={d: () for d in TAU2_DOMAINS}, group_label="domain", extra="tau2"),
-    EnvSpec("jsonl", "jaxscaffold.envs.jsonl", "JsonlEnv", path_suffix=".jsonl"),  # split = a .jsonl path
-    # The CPU testbed for FEE (its words make the `rooms` vocabulary).
-    EnvSpec("rooms", "jaxscaffold.envs.rooms", "RoomsEnv", splits=("train", "test"), vocabulary="vocabulary_texts"),
-    # Steps that sleep: the rollout benchmark's.
-    EnvSpec("latency", "jaxscaffold.envs.latency", "LatencyEnv", splits=("train", "test")),
-)}
+# The built-in environments: each module's own `SPEC` (light modules: the optional
+# dependencies are imported when an env is built, never here). `register` adds one from outside.
+ENVS: dict[str, EnvSpec] = {m.SPEC.name: m.SPEC for m in (
+    letters, sciworld, bfcl, alfworld, tau2_spec, jsonl, rooms, latency)}
 
 
 def register(spec: EnvSpec | str, module: str | None = None, env_class: str | None = None, *,
@@ -178,8 +129,9 @@ def catalogue(name: str, split: str, **kwargs) -> list[Task]:
 
 def factory(name: str, **kwargs) -> Callable[[], Env]:
     """A no-argument constructor of env `name` with `kwargs` (in-process envs, `LocalEnvs`)."""
-    cls = getattr(_module(name), spec(name).env_class)
-    return lambda: cls(**kwargs)
+    s = spec(name)
+    build = functools.reduce(getattr, [s.env_class, *filter(None, [s.constructor])], _module(name))
+    return lambda: build(**kwargs)
 
 
 def vocabulary_texts(name: str) -> tuple[str, ...]:

@@ -26,10 +26,12 @@ import random
 from typing import Iterator
 
 from jaxscaffold.envs.actions import parse_action
-from jaxscaffold.envs.base import Observation, StepResult, Task
+from jaxscaffold.envs.base import EnvSpec, Observation, StepResult, Task
 
 NAME = "rooms"
 SPLITS = ("train", "test")
+# The CPU testbed for FEE (its words make the `rooms` vocabulary).
+SPEC = EnvSpec(NAME, __name__, "RoomsEnv", splits=SPLITS, vocabulary="vocabulary_texts")
 SPLIT_SIZES = {"train": 512, "test": 64}
 COLOURS = ("red", "blue", "green", "yellow", "white")
 CONTAINERS = ("box", "drawer", "chest", "basket")

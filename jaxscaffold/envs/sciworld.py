@@ -65,7 +65,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from jaxscaffold.cache import default_cache_root
 from jaxscaffold.envs.actions import invalid_action_message, parse_action
-from jaxscaffold.envs.base import EnvError, Observation, StepResult, Task
+from jaxscaffold.envs.base import EnvError, EnvSpec, Observation, StepResult, Task
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +75,10 @@ UNKNOWN_ACTION_TEXT = "No known action matches that input."
 LEVELS = ("official", "L0", "L1", "L2")
 LEVEL_SPLITS = {"official": ("train", "dev", "test"), "L0": ("train", "test"),
            "L1": ("train", "test"), "L2": ("train", "test")}
+# "L1/test": a level and its split; a bare split is the default level L0's (the FEE reference
+# code's lists).
+SPEC = EnvSpec(ENV_NAME, __name__, "ScienceWorldEnv", splits=LEVEL_SPLITS["L0"], split_groups=LEVEL_SPLITS,
+               group_label="level", extra="envs")
 # The split files ship with the package (data/sciworld/SOURCE.md: provenance);
 # $JAXSCAFFOLD_DATA/sciworld overrides them.
 _PACKAGE_DATA = pathlib.Path(__file__).resolve().parent / "data" / "sciworld"

@@ -82,10 +82,9 @@ from jaxscaffold.envs.actions import strip_reasoning  # noqa: E402
 from jaxscaffold.envs.bfcl_calls import ParsedCall, parse_qwen_calls  # noqa: E402
 from jaxscaffold.envs.chat_user import ChatEndpointUser  # noqa: E402  (also importable from here)
 from jaxscaffold.envs.prompts import tau2_system_prompt  # noqa: E402
+from jaxscaffold.envs.tau2_spec import DOMAINS, SPLITS  # noqa: E402  (declared there, without tau2)
 
 NAME = "tau2"
-DOMAINS = ("retail", "airline", "telecom")
-SPLITS = ("train", "test", "base")  # tau2's split_tasks.json names; "base" = train + test
 SOLO_DOMAINS = ("telecom",)  # tau2's retail / airline environments refuse solo mode
 STOP_TOKEN = LLMSoloAgent.STOP_TOKEN  # "###STOP###"
 DONE_TOOL = LLMSoloAgent.STOP_FUNCTION_NAME  # "done"

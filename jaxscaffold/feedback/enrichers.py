@@ -21,7 +21,7 @@ UNITS = ("action", "user_turn", "every")  # what a schedule window counts (`feed
 @dataclasses.dataclass(frozen=True)
 class FeedbackSpec:
     """Feedback's side of one environment, registered under the env's name (the env's own
-    `envs.registry.EnvSpec` knows nothing of it).
+    `envs.base.EnvSpec` knows nothing of it).
 
     forms      kind ("ag" / "oe") -> form name -> `form(observation, actions_so_far) -> text the
                agent sees` (reading the observation's privileged state); the first form of a

@@ -55,7 +55,7 @@ from jaxscaffold.models import hf_io
 from jaxscaffold.models.chat import Qwen3ChatRenderer
 from jaxscaffold.models.tokenizer import Tokenizer, load_tokenizer
 from jaxscaffold.rollout.conversation import MultiTurn
-from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import GREEDY, SamplingConfig
 
 log = logging.getLogger(__name__)
@@ -273,8 +273,8 @@ class ChatServer:
         if sampler is None:
             temperature, top_p = key
             sampling = GREEDY if temperature <= 0 else SamplingConfig(temperature=temperature, top_p=top_p)
-            sampler = Sampler(self.config, batch_size=self.slots, max_len=self.max_len, sampling=sampling,
-                              stop_ids=self.tokenizer.eos_ids)
+            sampler = Sampler(self.config, batch_size=self.slots, max_len=self.max_len,
+                              stop_ids=self.tokenizer.eos_ids, options=SamplerOptions(sampling=sampling))
         self._samplers[key] = sampler  # the most recently used last
         while len(self._samplers) > self.max_samplers:
             self._samplers.popitem(last=False)

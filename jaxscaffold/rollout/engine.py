@@ -204,20 +204,14 @@ def _put_rows(state: SamplerState, rows: SamplerState, rows_R) -> SamplerState:
     return _map_rows(lambda x, y, axis: x.at[(slice(None),) * axis + (rows_R,)].set(y, mode="drop"), state, rows)
 
 
-class Sampler:
-    """Jitted prefill and decode over a fixed set of cache slots.
+@dataclasses.dataclass(frozen=True)
+class SamplerOptions:
+    """How a sampler draws tokens, stores its cache and runs its steps: everything but its
+    model, its size (slots, context) and its placement (mesh). The defaults suit any platform.
 
-    Args:
-      config: the model config (static).
-      batch_size: number of slots (rows decoded together).
-      max_len: cache capacity per slot, in tokens.
+    Attributes:
       sampling: temperature / top-p / top-k (greedy when temperature is 0).
-      stop_ids: tokens that end a turn (kept in the output): the tokenizer's `eos_ids`, or ()
-        to decode every turn to its token budget. Required, and checked against the vocabulary:
-        a default (Qwen3's ids) once let the word-vocabulary runs decode past every end.
       cache_dtype: KV cache dtype (bf16 halves cache memory and bandwidth).
-      mesh, rules: shard the cache (rows over the batch axes, kv heads over `tensor`);
-        parameters keep the shardings they were placed with.
       layout: which backend decodes (`jaxscaffold.backends`). "auto": the platform's;
         "per_layer": the CPU's (layers unrolled over per-layer weights and cache buffers,
         `backends.cpu.decode_layout`, which XLA:CPU reads in place); "stacked": the TPU / GPU
@@ -225,60 +219,87 @@ class Sampler:
       column_blocks: per_layer only: matrices split into this many blocks so each of a
         CPU's cores runs one (default: the core count, at most 4, on an unsharded CPU
         sampler; else 1).
-      window_buckets: the cache prefixes a decode chunk may attend over (default: 128 x 1,
-        1.5, 2, 3, ... up to max_len; a prefill, the powers of two among them); `(max_len,)`
-        attends over the whole cache every step (the reference the windows must equal).
       kv_cache: "contiguous" (`max_len` slots a row) or "paged" (the stacked layout only):
         one pool of `kv_pages` pages of `page_size` tokens (0: enough for every slot at
         `max_len`), pages taken as rows grow.
-      backend: a `jaxscaffold.backends` backend to decode with instead of the one `layout`
-        and `kv_cache` choose (a test runs the TPU backend's kernels on CPU this way).
+      prefill_buckets, decode_buckets: the lengths a prefill / a decode chunk is rounded up to
+        (default: `buckets.ladder(16, max_len)`).
+      window_buckets: the cache prefixes a decode chunk may attend over (default: 128 x 1,
+        1.5, 2, 3, ... up to max_len; a prefill, the powers of two among them); `(max_len,)`
+        attends over the whole cache every step (the reference the windows must equal).
       row_buckets: batch sizes a call that serves few slots runs at (its rows gathered, run,
         written back); the last is batch_size, the whole batch in place. Default on an
         unsharded per_layer (CPU) sampler: 8, 16, 32, ... below batch_size (measured there:
         a call's cost follows its batch); else `(batch_size,)`, every call on all slots.
+      backend: a `jaxscaffold.backends` backend to decode with instead of the one `layout`
+        and `kv_cache` choose (a test runs the TPU backend's kernels on CPU this way).
+    """
+
+    sampling: SamplingConfig = SamplingConfig()
+    cache_dtype: str = "bfloat16"
+    layout: str = "auto"
+    column_blocks: int | None = None
+    kv_cache: str = "contiguous"
+    page_size: int = 64
+    kv_pages: int = 0
+    prefill_buckets: Sequence[int] | None = None
+    decode_buckets: Sequence[int] | None = None
+    window_buckets: Sequence[int] | None = None
+    row_buckets: Sequence[int] | None = None
+    backend: Any = None
+
+
+class Sampler:
+    """Jitted prefill and decode over a fixed set of cache slots.
+
+    Args:
+      config: the model config (static).
+      batch_size: number of slots (rows decoded together).
+      max_len: cache capacity per slot, in tokens.
+      stop_ids: tokens that end a turn (kept in the output): the tokenizer's `eos_ids`, or ()
+        to decode every turn to its token budget. Required, and checked against the vocabulary:
+        a default (Qwen3's ids) once let the word-vocabulary runs decode past every end.
+      options: how tokens are drawn, the cache stored and the steps run (`SamplerOptions`).
+      mesh, rules: shard the cache (rows over the batch axes, kv heads over `tensor`);
+        parameters keep the shardings they were placed with.
 
     Parameters: pass `prepare(params)` (once per parameter update); stacked parameters
     also work, converted inside every call (a copy of the weights each time).
     """
 
-    def __init__(self, config: Qwen3Config, *, batch_size: int, max_len: int,
-                 stop_ids: Sequence[int], sampling: SamplingConfig = SamplingConfig(),
-                 cache_dtype: str = "bfloat16", mesh=None, rules: ShardingRules = DEFAULT_RULES,
-                 prefill_buckets: Sequence[int] | None = None,
-                 decode_buckets: Sequence[int] | None = None,
-                 layout: str = "auto", column_blocks: int | None = None,
-                 window_buckets: Sequence[int] | None = None, kv_cache: str = "contiguous",
-                 page_size: int = 64, kv_pages: int = 0, backend=None, row_buckets: Sequence[int] | None = None):
+    def __init__(self, config: Qwen3Config, *, batch_size: int, max_len: int, stop_ids: Sequence[int],
+                 options: SamplerOptions = SamplerOptions(), mesh=None, rules: ShardingRules = DEFAULT_RULES):
         if config.is_embedding:
             raise ValueError("an embedding model cannot generate")
+        o = self.options = options
         self.config, self.batch_size, self.max_len = config, batch_size, max_len
-        self.sampling, self.cache_dtype = sampling, cache_dtype
+        self.sampling, self.cache_dtype = o.sampling, o.cache_dtype
         outside = config.ids_outside_vocabulary(stop_ids)
         if outside:
             raise ValueError(f"stop ids {outside} are outside the model's vocabulary of {config.vocab_size}: "
                              "pass the tokenizer's eos_ids (or () to never stop)")
         self.stop_ids = np.asarray(sorted(set(stop_ids)), np.int32)
-        self.prefill_buckets = tuple(prefill_buckets or buckets.ladder(16, max_len))
-        self.decode_buckets = tuple(decode_buckets or buckets.ladder(16, max_len))
+        self.prefill_buckets = tuple(o.prefill_buckets or buckets.ladder(16, max_len))
+        self.decode_buckets = tuple(o.decode_buckets or buckets.ladder(16, max_len))
         # Windows (a windowed backend's): a decode step reads its whole window (at window 256,
         # about a fifth of a ~100M-model decode step on CPU), hence half-octave steps; a prefill
         # reads it once, not once a step: powers of two, half the programs to compile.
-        self.window_buckets = tuple(window_buckets or buckets.ladder(_MIN_WINDOW, max_len, per_octave=2))
+        self.window_buckets = tuple(o.window_buckets or buckets.ladder(_MIN_WINDOW, max_len, per_octave=2))
         if self.window_buckets[-1] != max_len or list(self.window_buckets) != sorted(set(self.window_buckets)):
             raise ValueError(f"window_buckets {self.window_buckets}: increasing, the last one max_len={max_len}")
         powers = set(buckets.ladder(_MIN_WINDOW, max_len))
         self.prefill_window_buckets = tuple(w for w in self.window_buckets if w in powers)
         self.mesh, self.rules = mesh, rules
-        self.backend = backend or backends.for_sampler(layout, mesh=mesh, column_blocks=column_blocks,
-                                                       kv_cache=kv_cache, page_size=page_size)
+        self.backend = o.backend or backends.for_sampler(o.layout, mesh=mesh, column_blocks=o.column_blocks,
+                                                         kv_cache=o.kv_cache, page_size=o.page_size)
         self.layout = self.backend.layout
         self.paged = self.backend.kv_cache == "paged"
         if self.paged:
             self.page_shards = self._page_shards()
-            self.kv_pages = kv_pages or self.backend.pages_for(batch_size, max_len, self.page_shards)
+            self.kv_pages = o.kv_pages or self.backend.pages_for(batch_size, max_len, self.page_shards)
             self.page_table = self._new_page_table()
         self.rows_out_of_pages = 0  # decode rows ended for want of a page (finish_reason "pages")
+        row_buckets = o.row_buckets
         if row_buckets is None:
             row_buckets = buckets.ladder(8, batch_size) if mesh is None and self.layout == "per_layer" else (batch_size,)
         self.row_buckets = tuple(row_buckets)
@@ -286,7 +307,7 @@ class Sampler:
             raise ValueError(f"row_buckets {self.row_buckets}: increasing, the last one batch_size={batch_size}")
         if self.paged and self.row_buckets != (batch_size,):  # page tables are kept by slot
             raise ValueError(f"row_buckets {self.row_buckets}: a paged sampler runs every call on all slots")
-        self.programs = Programs(config, sampling, tuple(int(i) for i in self.stop_ids), self.backend, mesh, rules)
+        self.programs = Programs(config, o.sampling, tuple(int(i) for i in self.stop_ids), self.backend, mesh, rules)
 
     # ---------------------------------------------------------------- state
 

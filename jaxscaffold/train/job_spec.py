@@ -26,7 +26,7 @@ from jaxscaffold.models.word_tokenizer import padded_vocab_size
 from jaxscaffold.rl.losses import Correction
 from jaxscaffold.rl.presets import AlgorithmConfig, preset
 from jaxscaffold.rl.train_step import OptimizerConfig, make_train_step
-from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import GREEDY, SamplingConfig
 from jaxscaffold.train.multihost import rollout_mesh
 from jaxscaffold.train.vocabularies import word_tokenizer
@@ -72,7 +72,9 @@ def model_config(cfg: RunConfig) -> model_config_lib.Qwen3Config:
 def optimizer_config(cfg: RunConfig) -> OptimizerConfig:
     """The run's optimizer (its `learning_rate()` schedule is what the logs report)."""
     r = cfg.rl
-    return OptimizerConfig(lr=r.lr, weight_decay=r.weight_decay, grad_clip=r.grad_clip, warmup_steps=r.warmup_steps)
+    cosine = r.lr_schedule == "cosine"  # (a constant schedule's spec does not depend on the run's length)
+    return OptimizerConfig(lr=r.lr, weight_decay=r.weight_decay, grad_clip=r.grad_clip, warmup_steps=r.warmup_steps,
+                           schedule=r.lr_schedule, decay_steps=cfg.steps if cosine else 0)
 
 
 def correction(cfg: RunConfig) -> Correction:
@@ -93,22 +95,18 @@ def algorithm_config(cfg: RunConfig) -> AlgorithmConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SamplerSpec:
-    """One sampler's settings: its slots (rows decoded at once), context, how tokens are drawn
-    and its KV cache's dtype."""
+    """One sampler's settings: its slots (rows decoded at once), context, and how it draws
+    tokens and stores its KV cache (`SamplerOptions`)."""
 
     batch_size: int
     max_len: int
-    sampling: SamplingConfig
-    cache_dtype: str
-    kv_cache: str = "contiguous"  # or "paged" (`rollout.kv_cache`)
-    page_size: int = 64
-    kv_pages: int = 0
+    options: SamplerOptions
 
-    def build(self, model_config, *, mesh, rules, stop_ids=(), **options) -> Sampler:
-        """The `Sampler` of these settings on `mesh` (`JobSpec.rollout_mesh`)."""
-        paged = dict(kv_cache=self.kv_cache, page_size=self.page_size, kv_pages=self.kv_pages)
-        return Sampler(model_config, batch_size=self.batch_size, max_len=self.max_len, sampling=self.sampling,
-                       stop_ids=stop_ids, cache_dtype=self.cache_dtype, mesh=mesh, rules=rules, **paged, **options)
+    def build(self, model_config, *, mesh, rules, stop_ids=(), **overrides) -> Sampler:
+        """The `Sampler` of these settings on `mesh` (`JobSpec.rollout_mesh`); `overrides`
+        replace fields of its options (the memory plan lowers the stacked layout's)."""
+        return Sampler(model_config, batch_size=self.batch_size, max_len=self.max_len, stop_ids=stop_ids,
+                       options=dataclasses.replace(self.options, **overrides), mesh=mesh, rules=rules)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,15 +138,16 @@ class JobSpec:
         share = -(-c.tasks_per_step // processes)  # this process's groups per step
         rows = sampler_rows(c, share)  # one wave's rows (rollout.max_rows_in_flight; default the share's)
         eval_rows = e.batch_size or (min(rows, max(1, -(-e.tasks // processes))) if e.tasks else rows)
-        cache = cfg.model.cache_dtype
-        paged = dict(kv_cache=c.kv_cache, page_size=c.page_size, kv_pages=c.kv_pages)
+        cache = dict(cache_dtype=cfg.model.cache_dtype, kv_cache=c.kv_cache, page_size=c.page_size, kv_pages=c.kv_pages)
+        sampling = SamplingConfig(temperature=c.temperature, top_p=c.top_p)
         return cls(
             mesh=MeshConfig(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor), mesh_devices=cfg.mesh.devices,
             model=model_config(cfg), optimizer=optimizer_config(cfg), algo=algorithm_config(cfg),
             lora=lora_config(cfg.lora), adapter_dtype=cfg.model.param_dtype, micro_batches=cfg.rl.micro_batches,
             sampler_devices=c.sampler_devices, rollout_devices=cfg.mesh.rollout_devices,
-            sampler=SamplerSpec(rows, c.max_len, SamplingConfig(temperature=c.temperature, top_p=c.top_p), cache, **paged),
-            eval_sampler=SamplerSpec(eval_rows, e.max_len or c.max_len, GREEDY, cache, **paged), seed=cfg.seed)
+            sampler=SamplerSpec(rows, c.max_len, SamplerOptions(sampling=sampling, **cache)),
+            eval_sampler=SamplerSpec(eval_rows, e.max_len or c.max_len, SamplerOptions(sampling=GREEDY, **cache)),
+            seed=cfg.seed)
 
     @property
     def correction(self) -> Correction:

@@ -3,7 +3,7 @@ least it must: the weights once plus the filled part of the KV cache.
 
 Cases: Qwen3-0.6B and Qwen3-4B shapes, bf16 weights, compute and cache, 16 and 128 rows, a
 cache of 8,192 slots, every row filled to 1/8, 1/2 and all of it (the new token included). Two
-programs per case: the windowed decode (`Sampler(layout="stacked")`: it attends over the
+programs per case: the windowed decode (`SamplerOptions(layout="stacked")`: it attends over the
 smallest window bucket holding the rows) and the full-capacity one (`window_buckets=(max_len,)`,
 what the stacked layout ran before it was windowed). Figures: `bytes_accessed` of one step,
 `min_bytes`, their ratio (goal <= 1.3), and what the bytes go to (by HLO opcode).
@@ -39,7 +39,7 @@ Nothing is compiled or run: parameters and cache are abstract (`qwen3.param_shap
 A batch of mixed lengths (half the rows at 1/8 of the cache, half full), per case: bytes of a
 step against the weights and the filled KV (`min_bytes` of the rows' own lengths), for
 - `mixed_contiguous`: the windowed contiguous decode (every row reads the longest row's window);
-- `mixed_paged`: the paged decode (`Sampler(kv_cache="paged")`, pages of 64) as it runs on
+- `mixed_paged`: the paged decode (`SamplerOptions(kv_cache="paged")`, pages of 64) as it runs on
   TPU: every op counted as above but the attention read (the ops under the `paged_read`
   scope), which the Pallas kernel does instead, counted as the kernel moves it: each row's own
   pages of keys and values (ceil(length / page) pages a row, a layer), its queries and output,
@@ -63,7 +63,7 @@ from benchmarks import hlo_bytes
 from benchmarks.common import REPORT
 from jaxscaffold.models import config as model_configs
 from jaxscaffold.models import qwen3
-from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 
 FILLS = ((1, 8), (1, 2), (1, 1))
 PAGE = 64  # tokens a page of the paged cache (`rollout.page_size`'s default)
@@ -127,8 +127,8 @@ def mixed(name: str, config, params, rows: int, capacity: int, contiguous: dict)
     lengths = np.array([capacity // 8] * (rows // 2) + [capacity] * (rows - rows // 2))
     least = min_bytes(config, params, 1, int(lengths.sum()))
     pages = int(np.sum(-(-lengths // PAGE))) + 1
-    sampler = Sampler(config, stop_ids=(), batch_size=rows, max_len=capacity, layout="stacked", kv_cache="paged",
-                      page_size=PAGE, kv_pages=pages)
+    sampler = Sampler(config, stop_ids=(), batch_size=rows, max_len=capacity,
+                      options=SamplerOptions(layout="stacked", kv_cache="paged", page_size=PAGE, kv_pages=pages))
     paged = paged_step_bytes(sampler, params, lengths)
     common = {"model": name, "layers": config.num_layers, "rows": rows, "capacity": capacity,
               "filled": int(lengths.mean()), "lengths": f"{rows // 2} x {capacity // 8}, {rows - rows // 2} x {capacity}",
@@ -152,8 +152,10 @@ def run(quick: bool = False) -> None:
         config = model_configs.preset(name, param_dtype="bfloat16", compute_dtype="bfloat16", **overrides)
         params = qwen3.param_shapes(config)
         programs = {
-            "windowed": Sampler(config, stop_ids=(), batch_size=rows, max_len=capacity, layout="stacked"),
-            "full": Sampler(config, stop_ids=(), batch_size=rows, max_len=capacity, layout="stacked", window_buckets=(capacity,)),
+            "windowed": Sampler(config, stop_ids=(), batch_size=rows, max_len=capacity,
+                                options=SamplerOptions(layout="stacked")),
+            "full": Sampler(config, stop_ids=(), batch_size=rows, max_len=capacity,
+                            options=SamplerOptions(layout="stacked", window_buckets=(capacity,))),
         }
         REPORT.say(f"# {name} ({config.num_layers} layers), bf16, {rows} rows, cache {capacity}: weights "
                    f"{nbytes(params) / GB:.2f} GB")

@@ -15,7 +15,7 @@ import numpy as np
 
 from benchmarks.common import REPORT, interleaved_medians, median_time
 from jaxscaffold.models import hf_io
-from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import GREEDY, SamplingConfig
 
 CONFIGS = {
@@ -57,8 +57,9 @@ def memory_bandwidth() -> float:
 def _ours(directory: str, dtype: str, sampling, prompt: np.ndarray):
     """Our prefill and decode as timed closures (decode reports its own time, after a prefill)."""
     config, params = hf_io.load_pretrained(directory, dtype=dtype, compute_dtype=dtype)
-    sampler = Sampler(config, batch_size=BATCH, max_len=256, sampling=sampling, stop_ids=(),
-                      cache_dtype=dtype, prefill_buckets=(PROMPT, 255), decode_buckets=(NEW,))
+    sampler = Sampler(config, batch_size=BATCH, max_len=256, stop_ids=(),
+                      options=SamplerOptions(sampling=sampling, cache_dtype=dtype, prefill_buckets=(PROMPT, 255),
+                                             decode_buckets=(NEW,)))
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))  # read once per step (tied: once)
     params = sampler.prepare(params)
     tokens = {b: list(prompt[b]) for b in range(BATCH)}
@@ -85,8 +86,9 @@ def _multi_turn(directory: str, reps: int):
     """10 turns of 32 env tokens + 32 generated: cache reuse vs re-prefilling the history."""
     config, params = hf_io.load_pretrained(directory, dtype="float32")
     turns, env, gen = 10, 32, 32
-    sampler = Sampler(config, batch_size=BATCH, max_len=1024, sampling=SamplingConfig(1.0), stop_ids=(),
-                      cache_dtype="float32", prefill_buckets=(32, 64, 128, 256, 512, 1023), decode_buckets=(gen,))
+    sampler = Sampler(config, batch_size=BATCH, max_len=1024, stop_ids=(),
+                      options=SamplerOptions(sampling=SamplingConfig(1.0), cache_dtype="float32",
+                                             prefill_buckets=(32, 64, 128, 256, 512, 1023), decode_buckets=(gen,)))
     params = sampler.prepare(params)
     rng = np.random.RandomState(0)
     env_tokens = [[list(rng.randint(0, config.vocab_size, env)) for _ in range(BATCH)] for _ in range(turns)]

@@ -10,7 +10,7 @@ from jaxscaffold import backends
 from jaxscaffold.backends import accelerator, cpu
 from jaxscaffold.models import qwen3
 from jaxscaffold.models.config import Qwen3Config
-from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 
 CONFIG = Qwen3Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                      num_kv_heads=2, head_dim=8)
@@ -36,9 +36,11 @@ def test_a_sampler_layout_chooses_the_backend(monkeypatch):
 
 
 def test_equal_samplers_share_one_program_key():
-    a, b = (Sampler(CONFIG, stop_ids=(), batch_size=2, max_len=32, layout="per_layer", column_blocks=2) for _ in range(2))
+    a, b = (Sampler(CONFIG, stop_ids=(), batch_size=2, max_len=32,
+                    options=SamplerOptions(layout="per_layer", column_blocks=2)) for _ in range(2))
     assert a.programs == b.programs and hash(a.programs) == hash(b.programs)
-    assert a.programs != Sampler(CONFIG, stop_ids=(), batch_size=2, max_len=32, layout="stacked").programs
+    assert a.programs != Sampler(CONFIG, stop_ids=(), batch_size=2, max_len=32,
+                                 options=SamplerOptions(layout="stacked")).programs
 
 
 def test_training_kernels_come_from_the_backend():
@@ -80,9 +82,11 @@ def test_only_backends_and_the_compiler_read_the_platform():
 
 def test_the_accelerator_cache_holds_bf16_as_bf16():
     """On TPU / GPU the bf16 cache is bf16 (the bits-as-uint16 form is XLA:CPU's alone)."""
-    state = Sampler(CONFIG, stop_ids=(), batch_size=2, max_len=32, layout="stacked", cache_dtype="bfloat16").init_state()
+    state = Sampler(CONFIG, stop_ids=(), batch_size=2, max_len=32,
+                    options=SamplerOptions(layout="stacked", cache_dtype="bfloat16")).init_state()
     assert state.cache.k.dtype == state.cache.v.dtype == jnp.bfloat16 and state.cache.k.ndim == 5
-    state = Sampler(CONFIG, stop_ids=(), batch_size=2, max_len=32, layout="per_layer", cache_dtype="bfloat16").init_state()
+    state = Sampler(CONFIG, stop_ids=(), batch_size=2, max_len=32,
+                    options=SamplerOptions(layout="per_layer", cache_dtype="bfloat16")).init_state()
     assert len(state.cache.k) == CONFIG.num_layers and state.cache.k[0].dtype == jnp.uint16
 
 

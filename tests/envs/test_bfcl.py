@@ -105,7 +105,7 @@ def test_catalogue_splits_and_cross_domain():
 # ------------------------------------------------------------------------------ gold replays
 
 def test_all_800_gold_answers_win_and_agree_with_bfcl_checker():
-    env = B.BFCLEnv(tool_format="python")
+    env = B.BFCLEnv(B.BFCLOptions(tool_format="python"))
     disagreements, losers = [], set()
     for task in ALL:
         entry, gold, per_turn = _turns(task)
@@ -120,7 +120,7 @@ def test_all_800_gold_answers_win_and_agree_with_bfcl_checker():
 
 
 def test_gold_replay_qwen_format_all_categories():
-    env = B.BFCLEnv(tool_format="qwen")
+    env = B.BFCLEnv(B.BFCLOptions(tool_format="qwen"))
     for task in ALL:
         _, _, per_turn = _turns(task)
         r = _play(env, task, per_turn, fmt="qwen")
@@ -129,7 +129,7 @@ def test_gold_replay_qwen_format_all_categories():
 
 def test_perturbed_answers_agree_with_bfcl_checker():
     """Wrong answers are scored as bfcl-eval scores them (not only the gold ones)."""
-    env = B.BFCLEnv(tool_format="python")
+    env = B.BFCLEnv(B.BFCLOptions(tool_format="python"))
     rng = random.Random(0)
     disagreements, outcomes = [], {}
     for kind in ("drop_one_call", "repeat_a_turn", "merge_into_previous_turn"):
@@ -159,7 +159,7 @@ def test_perturbed_answers_agree_with_bfcl_checker():
 def test_empty_gold_turns_follow_bfcl():
     """miss_param / miss_func turns with an empty gold list are not checked (BFCL's
     irrelevance check is off): a call there does not fail by itself, only via later state."""
-    env = B.BFCLEnv(tool_format="python")
+    env = B.BFCLEnv(B.BFCLOptions(tool_format="python"))
     for entry_id in ("multi_turn_miss_param_0", "multi_turn_miss_func_0"):
         task = _task(entry_id)
         entry, gold, per_turn = _turns(task)
@@ -188,16 +188,16 @@ def test_response_scope_turn_is_stricter_than_cumulative():
     early = copy.deepcopy(per_turn)
     early[1] = per_turn[1] + per_turn[2]
     early[2] = ["pwd()"]
-    assert _play(B.BFCLEnv(tool_format="python"), task, early).reward == 1.0
+    assert _play(B.BFCLEnv(B.BFCLOptions(tool_format="python")), task, early).reward == 1.0
     assert _bfcl_valid(entry, gold, early, "jaxscaffold_ref_scope")
-    r = _play(B.BFCLEnv(tool_format="python", response_scope="turn"), task, early)
+    r = _play(B.BFCLEnv(B.BFCLOptions(tool_format="python", response_scope="turn")), task, early)
     assert r.reward == 0.0 and r.info["failure"] == "multi_turn:execution_response_mismatch"
 
 
 # ------------------------------------------------------------------------------ episode flow
 
 def test_turn_flow_observations_and_privileged():
-    env = B.BFCLEnv(tool_format="qwen")
+    env = B.BFCLEnv(B.BFCLOptions(tool_format="qwen"))
     task = _task("multi_turn_base_0")
     entry, gold, _ = _turns(task)
     obs = env.reset(task)
@@ -234,7 +234,7 @@ def test_miss_func_reveal_and_hidden_function_modes():
     entry, gold, per_turn = _turns(task)
     assert entry["missed_function"] == {"3": ["sort"]}
     for mode in ("execute", "reject"):
-        env = B.BFCLEnv(tool_format="python", hidden_functions=mode)
+        env = B.BFCLEnv(B.BFCLOptions(tool_format="python", hidden_functions=mode))
         obs = env.reset(task)
         assert "sort" not in {d["name"] for d in env.func_docs}
         assert '"name": "sort"' not in obs.system_prompt
@@ -253,7 +253,7 @@ def test_miss_func_reveal_and_hidden_function_modes():
 
 
 def test_force_quit_after_20_tool_steps_in_a_turn():
-    env = B.BFCLEnv(tool_format="python")
+    env = B.BFCLEnv(B.BFCLOptions(tool_format="python"))
     env.reset(_task("multi_turn_base_0"))
     for _ in range(20):
         r = env.step("[pwd()]")
@@ -263,13 +263,13 @@ def test_force_quit_after_20_tool_steps_in_a_turn():
 
 
 def test_max_total_steps_and_stop_on_failed_turn():
-    env = B.BFCLEnv(tool_format="python", max_total_steps=3)
+    env = B.BFCLEnv(B.BFCLOptions(tool_format="python", max_total_steps=3))
     env.reset(_task("multi_turn_base_0"))
     env.step("[pwd()]")
     env.step("hi")
     r = env.step("[pwd()]")
     assert r.done and r.info["failure"] == "truncated" and r.reward == 0.0
-    env = B.BFCLEnv(tool_format="python", stop_on_failed_turn=True)
+    env = B.BFCLEnv(B.BFCLOptions(tool_format="python", stop_on_failed_turn=True))
     env.reset(_task("multi_turn_base_0"))
     r = env.step("nothing to do")  # turn 0 has gold calls: fails at once
     assert r.done and r.reward == 0.0
@@ -293,8 +293,8 @@ def _fs_transform(instance, method, kwargs, result):
 def test_result_transform_applies_to_agent_and_gold_and_cannot_touch_state():
     task = _task("multi_turn_base_0")
     _, _, per_turn = _turns(task)
-    env = B.BFCLEnv(tool_format="python",
-                    result_transform="tests.envs.test_bfcl:_fs_transform")
+    env = B.BFCLEnv(B.BFCLOptions(tool_format="python",
+                                  result_transform="tests.envs.test_bfcl:_fs_transform"))
     env.reset(task)
     r = env.step("[cd(folder='document'), mkdir(dir_name='temp')]")
     outs = r.observation.privileged["tool_results"]
@@ -308,8 +308,8 @@ def test_result_transform_applies_to_agent_and_gold_and_cannot_touch_state():
                                                         "/workspace/document"}
     # gold replay is transformed the same way: the gold run still wins, on both check modes
     for on in ("transformed", "raw"):
-        env = B.BFCLEnv(tool_format="python", result_transform=_fs_transform,
-                        response_check_on=on)
+        env = B.BFCLEnv(B.BFCLOptions(tool_format="python", result_transform=_fs_transform,
+                                      response_check_on=on))
         assert _play(env, task, per_turn).reward == 1.0
 
 
@@ -319,8 +319,8 @@ def _raising_transform(instance, method, kwargs, result):
 
 def test_oe_transform_stacks_on_result_transform_and_never_breaks_a_step():
     task = _task("multi_turn_base_0")
-    env = B.BFCLEnv(tool_format="python", result_transform=_fs_transform,
-                    oe_transform="jaxscaffold.feedback.bfcl_oe:enrich_result")
+    env = B.BFCLEnv(B.BFCLOptions(tool_format="python", result_transform=_fs_transform,
+                                  oe_transform="jaxscaffold.feedback.bfcl_oe:enrich_result"))
     env.reset(task)
     r = env.step("[cd(folder='document')]")
     rec = r.observation.privileged["tool_results"][0]
@@ -330,18 +330,18 @@ def test_oe_transform_stacks_on_result_transform_and_never_breaks_a_step():
     assert r.observation.text == f"cd: {rec['output']}"
     # a failing enrichment: the plain text stands in, the episode goes on and still wins
     _, _, per_turn = _turns(task)
-    env = B.BFCLEnv(tool_format="python", oe_transform=_raising_transform,
-                    response_check_on="oe")
+    env = B.BFCLEnv(B.BFCLOptions(tool_format="python", oe_transform=_raising_transform,
+                                  response_check_on="oe"))
     env.reset(task)
     r = env.step("[cd(folder='document')]")
     assert r.observation.privileged["oe_text"] == r.observation.text
     assert _play(env, task, per_turn).reward == 1.0
     with pytest.raises(ValueError):
-        B.BFCLEnv(response_check_on="enriched")
+        B.BFCLEnv(B.BFCLOptions(response_check_on="enriched"))
 
 
 def test_state_probe_reaches_privileged():
-    env = B.BFCLEnv(tool_format="python", state_probe=lambda inst: sorted(inst))
+    env = B.BFCLEnv(B.BFCLOptions(tool_format="python", state_probe=lambda inst: sorted(inst)))
     obs = env.reset(_task("multi_turn_base_0"))
     assert obs.privileged["probe"] == ["GorillaFileSystem", "TwitterAPI"]
 
@@ -350,7 +350,7 @@ def test_state_probe_reaches_privileged():
 
 def test_parallel_rollouts_of_one_entry_do_not_share_state():
     task = _task("multi_turn_base_0")
-    a, b = B.BFCLEnv(tool_format="python"), B.BFCLEnv(tool_format="python")
+    a, b = B.BFCLEnv(B.BFCLOptions(tool_format="python")), B.BFCLEnv(B.BFCLOptions(tool_format="python"))
     a.reset(task)
     b.reset(task)
     a.step("[cd(folder='document'), mkdir(dir_name='only_in_a'), touch(file_name='x.txt')]")
@@ -379,14 +379,14 @@ def test_long_context_state_does_not_leak_through_module_globals():
     task = next(t for t in ALL if t.spec["category"] == "long_context"
                 and "TravelAPI" in t.spec["involved_classes"])
     before = copy.deepcopy(long_context.CREDIT_CARD_EXTENSION)
-    env = B.BFCLEnv(tool_format="python")
+    env = B.BFCLEnv(B.BFCLOptions(tool_format="python"))
     env.reset(task)
     travel = env.instances["TravelAPI"]
     card_id = next(iter(long_context.CREDIT_CARD_EXTENSION))
     assert travel.credit_card_list[card_id] is not long_context.CREDIT_CARD_EXTENSION[card_id]
     travel.credit_card_list[card_id]["balance"] = -1.0
     assert long_context.CREDIT_CARD_EXTENSION == before
-    other = B.BFCLEnv(tool_format="python")
+    other = B.BFCLEnv(B.BFCLOptions(tool_format="python"))
     other.reset(task)
     assert other.instances["TravelAPI"].credit_card_list[card_id] == before[card_id]
 
@@ -418,7 +418,7 @@ ADVERSARIAL_PYTHON = [
 
 @pytest.fixture
 def fs_env():
-    env = B.BFCLEnv(tool_format="python")
+    env = B.BFCLEnv(B.BFCLOptions(tool_format="python"))
     env.reset(_task("multi_turn_base_0"))
     return env
 
@@ -460,7 +460,7 @@ ADVERSARIAL_QWEN = [
 
 @pytest.mark.parametrize("payload", ADVERSARIAL_QWEN)
 def test_adversarial_qwen_calls_are_rejected(payload):
-    env = B.BFCLEnv(tool_format="qwen", max_action_chars=1_000_000)
+    env = B.BFCLEnv(B.BFCLOptions(tool_format="qwen", max_action_chars=1_000_000))
     env.reset(_task("multi_turn_base_0"))
     r = env.step(payload)
     assert r.info["invalid"] and not r.done
@@ -474,7 +474,7 @@ def test_huge_outputs_and_odd_unicode(fs_env):
     r = fs_env.step(huge)  # over max_action_chars: rejected unparsed
     assert r.info["invalid"] and "too long" in r.observation.text
     assert "big.txt" not in str(fs_env.instances["GorillaFileSystem"].ls())
-    big_env = B.BFCLEnv(tool_format="python", max_action_chars=2 << 20)
+    big_env = B.BFCLEnv(B.BFCLOptions(tool_format="python", max_action_chars=2 << 20))
     big_env.reset(_task("multi_turn_base_0"))
     r = big_env.step(huge)  # within a raised limit: a literal, executed normally
     assert not r.info["invalid"]
@@ -495,7 +495,7 @@ def test_non_call_text_ends_the_turn():
     for fmt, text in (("python", "I have finished moving the file."), ("python", "ok"),
                       ("qwen", "Done, no more calls needed."),
                       ("qwen", "<think>maybe <tool_call> later</think>All done.")):
-        env = B.BFCLEnv(tool_format=fmt)
+        env = B.BFCLEnv(B.BFCLOptions(tool_format=fmt))
         env.reset(_task("multi_turn_base_0"))
         r = env.step(text)
         assert r.info["turn_ended"] and r.observation.privileged["turn"] == 1
@@ -547,9 +547,9 @@ def test_no_eval_exec_or_shell_is_ever_reached(monkeypatch, tmp_path):
         reached.append(a)
         raise AssertionError("a dangerous primitive was reached")
 
-    env = B.BFCLEnv(tool_format="python")
+    env = B.BFCLEnv(B.BFCLOptions(tool_format="python"))
     env.reset(_task("multi_turn_base_0"))
-    qenv = B.BFCLEnv(tool_format="qwen", max_action_chars=1_000_000)
+    qenv = B.BFCLEnv(B.BFCLOptions(tool_format="qwen", max_action_chars=1_000_000))
     qenv.reset(_task("multi_turn_base_0"))
     with monkeypatch.context() as m:
         m.setattr(builtins, "eval", trap)
@@ -568,7 +568,7 @@ def test_resource_limits_and_process_globals():
 
     import mpmath
     task = next(t for t in ALL if "MathAPI" in t.spec["involved_classes"])
-    env = B.BFCLEnv(tool_format="python")
+    env = B.BFCLEnv(B.BFCLOptions(tool_format="python"))
     env.reset(task)
     prec, dps = decimal.getcontext().prec, mpmath.mp.dps
     for bomb in ("[square_root(number=2, precision=100000000)]", "[square_root(2, 10**9)]",

@@ -19,7 +19,7 @@ from jaxscaffold.feedback import schedule as schedule_lib
 from jaxscaffold.feedback.apply import Feedback
 from jaxscaffold.models import config as model_config, qwen3
 from jaxscaffold.models.tokenizer import QwenOfflineTokenizer
-from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import SamplingConfig
 from tests.envs.test_pool import FAKE
 
@@ -63,7 +63,7 @@ def test_async_gives_the_lockstep_episodes_with_fewer_slots(params, representati
 
     def run(rows, envs, lockstep):
         sampler = Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=rows, max_len=768,
-                          sampling=SamplingConfig(temperature=1.0))
+                          options=SamplerOptions(sampling=SamplingConfig(temperature=1.0)))
         agent = ModelAgent(params, sampler, tok, cfg, seed=5, train_step=2, episode_ids=list(range(100, 109)))
         return run_episodes(agent, envs, tasks, groups, max_turns=3, feedback=_feedback(), lockstep=lockstep,
                             decode_chunk=5)

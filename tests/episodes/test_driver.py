@@ -8,7 +8,7 @@ from jaxscaffold.envs import registry
 from jaxscaffold.models import config as model_config, qwen3
 from jaxscaffold.models.chat import Qwen3ChatRenderer
 from jaxscaffold.models.tokenizer import QwenOfflineTokenizer
-from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import SamplingConfig
 from jaxscaffold.envs.local import LocalEnvs
 from jaxscaffold.episodes.agents import ModelAgent, RolloutConfig
@@ -31,7 +31,8 @@ def test_the_env_system_prompt_reaches_the_model(params):
     first = envs.reset([task])[0]
     envs.close()
     tools = [t["function"]["name"] if "function" in t else t["name"] for t in first.privileged["tools"]]
-    sampler = Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=1, max_len=4608, sampling=SamplingConfig())
+    sampler = Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=1, max_len=4608,
+                      options=SamplerOptions(sampling=SamplingConfig()))
     agent = ModelAgent(params, sampler, tok, RolloutConfig(max_new_tokens=4), seed=0, train_step=1)
     ep = run_episodes(agent, envs, [task], [0], max_turns=1)[0]
     shown = tok.decode(ep.conversation.ids)
@@ -49,7 +50,8 @@ def _prompts(tok, n):
 def test_complete_is_reproducible_per_row(params):
     tok = QwenOfflineTokenizer()
     prompts = _prompts(tok, 5)
-    sampler = Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=2, max_len=64, sampling=SamplingConfig(temperature=1.0))
+    sampler = Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=2, max_len=64,
+                      options=SamplerOptions(sampling=SamplingConfig(temperature=1.0)))
     a = complete(params, sampler, tok, prompts, max_new_tokens=6, seed=3)
     b = complete(params, sampler, tok, prompts, max_new_tokens=6, seed=3)
     assert [c.ids for c, _ in a] == [c.ids for c, _ in b]
@@ -65,7 +67,8 @@ def test_a_prompt_that_does_not_fit_is_a_reported_failure(params):
     tok = QwenOfflineTokenizer()
     envs = LocalEnvs({"letters": registry.factory("letters")})
     tasks = registry.catalogue("letters", "train")[:2]
-    sampler = Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=2, max_len=32, sampling=SamplingConfig())
+    sampler = Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=2, max_len=32,
+                      options=SamplerOptions(sampling=SamplingConfig()))
     agent = ModelAgent(params, sampler, tok, RolloutConfig(max_new_tokens=30), seed=0, train_step=1)
     eps = run_episodes(agent, envs, tasks, [0, 1], max_turns=1)
     assert all(e.failure and e.failure.startswith("context:") for e in eps)
@@ -78,7 +81,8 @@ def test_stepwise_rows_rebuild_the_prompt_with_a_history_window(params, monkeypa
     register(monkeypatch)
     tok = QwenOfflineTokenizer()
     tasks = catalogue("train", 6)
-    sampler = Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=6, max_len=512, sampling=SamplingConfig())
+    sampler = Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=6, max_len=512,
+                      options=SamplerOptions(sampling=SamplingConfig()))
     cfg = RolloutConfig(max_turns=3, max_new_tokens=6, representation="stepwise", history_window=1)
     eps = run_episodes(ModelAgent(params, sampler, tok, cfg, seed=0, train_step=1), LocalEnvs({"coin": CoinEnv}),
                        tasks, list(range(6)), max_turns=cfg.max_turns)
@@ -108,7 +112,8 @@ def test_complete_rows_keep_their_seeds_when_split(params):
     """A share of the rows (first_row = its offset) samples exactly those rows of the whole."""
     tok = QwenOfflineTokenizer()
     prompts = _prompts(tok, 4)
-    sampler = Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=4, max_len=64, sampling=SamplingConfig(temperature=1.0))
+    sampler = Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=4, max_len=64,
+                      options=SamplerOptions(sampling=SamplingConfig(temperature=1.0)))
     whole = complete(params, sampler, tok, prompts, max_new_tokens=6, seed=5)
     tail = complete(params, sampler, tok, prompts[2:], max_new_tokens=6, seed=5, first_row=2)
     assert [c.ids for c, _ in tail] == [c.ids for c, _ in whole[2:]]
@@ -128,7 +133,8 @@ def test_episodes_keep_their_samples_when_split_by_episode_ids(params, monkeypat
     cfg = RolloutConfig(max_turns=3, max_new_tokens=6)
 
     def run(idx, ids):
-        sampler = Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=len(idx), max_len=512, sampling=SamplingConfig(1.0))
+        sampler = Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=len(idx), max_len=512,
+                          options=SamplerOptions(sampling=SamplingConfig(1.0)))
         agent = ModelAgent(params, sampler, tok, cfg, seed=3, train_step=1, episode_ids=ids)
         return run_episodes(agent, LocalEnvs({"coin": CoinEnv}), [tasks[i] for i in idx], [groups[i] for i in idx],
                             max_turns=cfg.max_turns)

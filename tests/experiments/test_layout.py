@@ -1,5 +1,6 @@
 """experiments/ sits on top of the package: nothing in jaxscaffold/, configs/ or launch/ imports
-it, and the study runner finds each experiment's study by its folder's name."""
+it, no experiment trains in a loop of its own (they train through the package's trainer), and
+the study runner finds each experiment's study by its folder's name."""
 
 from __future__ import annotations
 
@@ -31,6 +32,20 @@ def test_nothing_a_run_imports_reaches_into_experiments():
                     path = os.path.join(folder, name)
                     if any(m == "experiments" or m.startswith("experiments.") for m in imported_modules(path)):
                         offenders.append(os.path.relpath(path, ROOT))
+    assert offenders == []
+
+
+def test_no_experiment_builds_a_train_step_of_its_own():
+    steps = {"make_sft_step", "make_train_step", "init_train_state"}
+    offenders = []
+    for folder, _, files in os.walk(os.path.join(ROOT, "experiments")):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                tree = ast.parse(open(path, encoding="utf-8").read(), path)
+                used = {a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for a in node.names}
+                if used & steps:
+                    offenders.append(os.path.relpath(path, ROOT))
     assert offenders == []
 
 

@@ -23,7 +23,7 @@ OE = E.enricher("bfcl")
 
 def _env(**kwargs) -> B.BFCLEnv:
     """A BFCL env with feedback's hooks (OE computed in the env), as training builds it."""
-    return B.BFCLEnv(**{**E.env_kwargs()["bfcl"], **kwargs})
+    return B.BFCLEnv.from_kwargs(**{**E.env_kwargs()["bfcl"], **kwargs})
 
 
 def _state(x, seen: dict | None = None):

@@ -66,7 +66,7 @@ def _bfcl():
 
 
 def _bfcl_env(**kwargs):
-    return _bfcl().BFCLEnv(**{**E.env_kwargs()["bfcl"], "tool_format": "python", **kwargs})
+    return _bfcl().BFCLEnv.from_kwargs(**{**E.env_kwargs()["bfcl"], "tool_format": "python", **kwargs})
 
 
 def _bfcl_task(task_id: str) -> Task:

@@ -79,7 +79,7 @@ def test_enricher_dispatch_uses_the_configured_forms():
 
 def test_bfcl_ag_on_real_entries():
     from jaxscaffold.envs import bfcl as B
-    env = B.BFCLEnv(tool_format="python")
+    env = B.BFCLEnv(B.BFCLOptions(tool_format="python"))
     base = next(t for t in B.catalogue("train") if t.spec["category"] == "base")
     obs = env.reset(base)
     gold = obs.privileged["gold_calls"]

@@ -12,7 +12,7 @@ from jaxscaffold.models.config import Qwen3Config
 from jaxscaffold.rl.advantages import advantages
 from jaxscaffold.rl.presets import preset
 from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_train_step
-from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import SamplingConfig
 
 LR, STEPS = 3e-3, 250
@@ -24,8 +24,9 @@ def test_grpo_learns_to_repeat_the_named_token(algo):
     config = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                          num_kv_heads=2, head_dim=8)
     rows = PROMPTS * GROUP
-    sampler = Sampler(config, batch_size=rows, max_len=8, sampling=SamplingConfig(temperature=1.0), stop_ids=(),
-                      cache_dtype="float32", prefill_buckets=(2, 7), decode_buckets=(RESPONSE,))
+    sampler = Sampler(config, batch_size=rows, max_len=8, stop_ids=(),
+                      options=SamplerOptions(sampling=SamplingConfig(temperature=1.0), cache_dtype="float32",
+                                             prefill_buckets=(2, 7), decode_buckets=(RESPONSE,)))
     opt = OptimizerConfig(lr=LR).make()
     step = make_train_step(config, preset(algo), opt)
     state = init_train_state(qwen3.init_params(config, jax.random.key(0)), opt)

@@ -7,7 +7,7 @@ import pytest
 
 from jaxscaffold.models import config as model_config, qwen3
 from jaxscaffold.models.hf_io import EOS_IDS
-from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import SamplingConfig
 
 CONFIG = model_config.tiny()  # the real 151936-token vocabulary: a random model's distribution is nearly flat
@@ -25,8 +25,8 @@ def test_rows_decode_bitwise_alike_at_batch_2_to_16():
     fillers = [list(rng.integers(0, 1000, size=n)) for n in rng.integers(10, 60, size=14)]
 
     def run(batch, slots):
-        sampler = Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=batch, max_len=256, sampling=SamplingConfig(temperature=1.0),
-                          cache_dtype="float32")
+        sampler = Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=batch, max_len=256,
+                          options=SamplerOptions(sampling=SamplingConfig(temperature=1.0), cache_dtype="float32"))
         others = [s for s in range(batch) if s not in slots]
         prompts = {**dict(zip(slots, rows)), **dict(zip(others, fillers))}
         seeds = {**dict(zip(slots, (7, 8))), **{s: 100 + s for s in others}}

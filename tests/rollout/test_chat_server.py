@@ -20,7 +20,7 @@ from jaxscaffold.models import config as model_config, qwen3
 from jaxscaffold.models.chat import Qwen3ChatRenderer
 from jaxscaffold.models.tokenizer import QwenOfflineTokenizer
 from jaxscaffold.rollout.chat_server import ChatServer, RequestError, check_limits, is_loopback
-from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import GREEDY
 from jaxscaffold.rollout.conversation import MultiTurn
 
@@ -38,7 +38,8 @@ def _alone(params, messages, max_tokens):
     """The reply a batch-1 sampler gives a request on its own (greedy)."""
     tok = QwenOfflineTokenizer()
     ids = Qwen3ChatRenderer(tok).render(messages, add_generation_prompt=True, enable_thinking=False)
-    mt = MultiTurn(Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=1, max_len=256, sampling=GREEDY))
+    mt = MultiTurn(Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=1, max_len=256,
+                           options=SamplerOptions(sampling=GREEDY)))
     mt.extend(params, {0: ids})
     gen = mt.generate(params, [0], max_new_tokens=max_tokens, seeds=[0])[0]
     return tok.decode([t for t in gen.tokens if t not in tok.eos_ids]).strip()
@@ -66,7 +67,8 @@ def test_greedy_reply_equals_the_sampler(server):
     assert out["object"] == "chat.completion" and out["usage"]["completion_tokens"] <= 8
     tok = QwenOfflineTokenizer()
     ids = Qwen3ChatRenderer(tok).render(messages, add_generation_prompt=True, enable_thinking=False)
-    mt = MultiTurn(Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=1, max_len=256, sampling=GREEDY))
+    mt = MultiTurn(Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=1, max_len=256,
+                           options=SamplerOptions(sampling=GREEDY)))
     mt.extend(server.params, {0: ids})
     gen = mt.generate(server.params, [0], max_new_tokens=8, seeds=[0])[0]
     expected = tok.decode([t for t in gen.tokens if t not in tok.eos_ids])

@@ -6,7 +6,7 @@ import numpy as np
 
 from jaxscaffold.models import config as model_config, qwen3
 from jaxscaffold.rollout.conversation import MultiTurn
-from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import SamplingConfig
 
 CONFIG = model_config.tiny()
@@ -15,7 +15,8 @@ STOP = (7,)  # a frequent enough token of the random tiny model to end some turn
 
 def test_chunks_give_the_turn_of_one_generate_call():
     params = qwen3.init_params(CONFIG, jax.random.key(1))
-    sampler = Sampler(CONFIG, batch_size=3, max_len=128, stop_ids=STOP, sampling=SamplingConfig(temperature=1.0))
+    sampler = Sampler(CONFIG, batch_size=3, max_len=128, stop_ids=STOP,
+                      options=SamplerOptions(sampling=SamplingConfig(temperature=1.0)))
     prompts = {0: [1, 2, 3, 4], 1: [5, 6], 2: [9, 10, 11]}
     whole = MultiTurn(sampler)
     whole.extend(params, prompts)

@@ -14,7 +14,7 @@ from jaxscaffold import config as config_lib
 from jaxscaffold.backends.accelerator import Accelerator
 from jaxscaffold.models import config as model_configs
 from jaxscaffold.models import paged_kernel, qwen3
-from jaxscaffold.rollout.engine import ContextOverflow, Sampler
+from jaxscaffold.rollout.engine import ContextOverflow, Sampler, SamplerOptions
 from jaxscaffold.rollout.pages import PageTable
 from jaxscaffold.rollout.sampling import GREEDY
 from jaxscaffold.train.job_spec import JobSpec
@@ -34,7 +34,8 @@ def _sampler(config, **options):
     # Greedy: the paged read sums its softmax in another order than the contiguous one (f32
     # rounding), which can flip a token sampled at temperature 1, not an argmax.
     options.setdefault("cache_dtype", "float32")  # both caches hold the same values
-    return Sampler(config, batch_size=2, max_len=128, sampling=GREEDY, stop_ids=(), layout="stacked", **options)
+    return Sampler(config, batch_size=2, max_len=128, stop_ids=(),
+                   options=SamplerOptions(sampling=GREEDY, layout="stacked", **options))
 
 
 def _episodes(sampler, params):
@@ -189,14 +190,16 @@ def test_the_config_chooses_the_cache():
     cfg = config_lib.from_configdict(config_lib.parse_overrides(
         base(), ["rollout.kv_cache=paged", "rollout.page_size=128", "rollout.kv_pages=1000"]))
     spec = JobSpec.from_config(cfg, processes=1)
-    assert (spec.sampler.kv_cache, spec.sampler.page_size, spec.sampler.kv_pages) == ("paged", 128, 1000)
-    assert spec.eval_sampler.kv_cache == "paged"
+    options = spec.sampler.options
+    assert (options.kv_cache, options.page_size, options.kv_pages) == ("paged", 128, 1000)
+    assert spec.eval_sampler.options.kv_cache == "paged"
     for bad, match in (("rollout.kv_cache=ragged", "kv_cache"), ("rollout.kv_pages=1", "kv_pages"),
                        ("rollout.page_size=0", "page_size")):
         with pytest.raises(config_lib.ConfigError, match=match):
             config_lib.from_configdict(config_lib.parse_overrides(base(), [bad]))
     with pytest.raises(ValueError, match="stacked"):
-        Sampler(model_configs.tiny(), batch_size=1, max_len=64, stop_ids=(), layout="per_layer", kv_cache="paged")
+        Sampler(model_configs.tiny(), batch_size=1, max_len=64, stop_ids=(),
+                options=SamplerOptions(layout="per_layer", kv_cache="paged"))
 
 
 @pytest.mark.slow
@@ -213,8 +216,8 @@ def test_one_page_pool_per_data_shard(tiny, monkeypatch, platform):
     backend = Accelerator(platform=platform, kv_cache="paged", page_size=PAGE)
     outs, tables = [], []
     for p, m in ((params, None), (jax.device_put(params, qwen3.param_shardings(config, mesh)), mesh)):
-        sampler = Sampler(config, batch_size=8, max_len=64, sampling=GREEDY, stop_ids=(), layout="stacked", mesh=m,
-                          cache_dtype="float32", backend=backend)
+        sampler = Sampler(config, batch_size=8, max_len=64, stop_ids=(), mesh=m,
+                          options=SamplerOptions(sampling=GREEDY, layout="stacked", cache_dtype="float32", backend=backend))
         state = sampler.extend(p, sampler.init_state(), {s: [s + 10, 2 * s + 11] * (2 + 3 * s) for s in range(8)})
         state, out = sampler.generate(p, state, list(range(8)), max_new_tokens=10, seeds=list(range(8)))
         outs.append(out)
@@ -242,8 +245,8 @@ def test_a_sharded_paged_sampler_equals_the_unsharded_one(tiny):
     mesh = make_mesh(MeshConfig(data=2, fsdp=1, tensor=2), jax.devices()[:4])
     outs = []
     for p, m in ((params, None), (jax.device_put(params, qwen3.param_shardings(config, mesh)), mesh)):
-        sampler = Sampler(config, batch_size=4, max_len=128, sampling=GREEDY, stop_ids=(), layout="stacked", mesh=m,
-                          kv_cache="paged", page_size=PAGE)
+        sampler = Sampler(config, batch_size=4, max_len=128, stop_ids=(), mesh=m,
+                          options=SamplerOptions(sampling=GREEDY, layout="stacked", kv_cache="paged", page_size=PAGE))
         state = sampler.extend(p, sampler.init_state(), {s: [s + 10, 2 * s + 11] * (5 + 5 * s) for s in range(4)})
         state, out = sampler.generate(p, state, list(range(4)), max_new_tokens=12, seeds=[1, 2, 3, 4])
         if m is not None:

@@ -1,4 +1,4 @@
-"""A call that serves few slots runs on those rows alone (`Sampler(row_buckets=...)`): the same
+"""A call that serves few slots runs on those rows alone (`SamplerOptions(row_buckets=...)`): the same
 tokens, log-probs, logits and cache as the same call on every slot, bit for bit, and the other
 slots untouched."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from jaxscaffold.models import config as model_config, qwen3
 from jaxscaffold.models.hf_io import EOS_IDS
-from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import SamplingConfig
 
 CONFIG = model_config.tiny()
@@ -28,8 +28,9 @@ def test_few_rows_run_alone_as_on_all_slots(layout):
     observations = {3: [11, 12, 13], 9: list(range(20, 45)), 14: [7]}
 
     def run(row_buckets):
-        sampler = Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=16, max_len=256, layout=layout,
-                          sampling=SamplingConfig(temperature=1.0), cache_dtype="float32", row_buckets=row_buckets)
+        sampler = Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=16, max_len=256,
+                          options=SamplerOptions(layout=layout, sampling=SamplingConfig(temperature=1.0),
+                                                 cache_dtype="float32", row_buckets=row_buckets))
         p = sampler.prepare(params)
         state = sampler.extend(p, sampler.init_state(), prompts)
         before = _arrays(state)
@@ -58,8 +59,9 @@ def test_few_rows_run_alone_as_on_all_slots(layout):
 
 
 def test_row_buckets_default_and_checks():
-    assert Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=64, max_len=128, layout="per_layer").row_buckets == (8, 16, 32, 64)
-    assert Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=64, max_len=128, layout="stacked").row_buckets == (64,)
-    assert Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=6, max_len=128, layout="per_layer").row_buckets == (6,)
+    per_layer, stacked = SamplerOptions(layout="per_layer"), SamplerOptions(layout="stacked")
+    assert Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=64, max_len=128, options=per_layer).row_buckets == (8, 16, 32, 64)
+    assert Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=64, max_len=128, options=stacked).row_buckets == (64,)
+    assert Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=6, max_len=128, options=per_layer).row_buckets == (6,)
     with pytest.raises(ValueError, match="row_buckets"):
-        Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=16, max_len=128, row_buckets=(4, 8))
+        Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=16, max_len=128, options=SamplerOptions(row_buckets=(4, 8)))

@@ -15,7 +15,7 @@ from jaxscaffold.backends import cpu
 from jaxscaffold.models import config as model_config, hf_io, qwen3
 from jaxscaffold.models.sharding import MeshConfig, make_mesh
 from jaxscaffold.rollout.conversation import MultiTurn
-from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import GREEDY, SamplingConfig, sample, sampling_logits
 from tests.models.hf_reference import make_hf_model
 
@@ -57,8 +57,8 @@ def teacher_forced_logprobs(params, config, ids):
 def test_greedy_equals_repeated_argmax_of_full_forward(each_model, layout):
     model = each_model
     config, params = model
-    sampler = Sampler(config, batch_size=4, max_len=64, sampling=GREEDY, stop_ids=(), cache_dtype="float32",
-                      layout=layout)
+    sampler = Sampler(config, batch_size=4, max_len=64, stop_ids=(),
+                      options=SamplerOptions(sampling=GREEDY, cache_dtype="float32", layout=layout))
     params = sampler.prepare(params)
     rng = np.random.RandomState(0)
     prompts = {s: list(rng.randint(0, VOCAB, n)) for s, n in enumerate([9, 1, 5, 13])}
@@ -81,8 +81,8 @@ def test_greedy_equals_repeated_argmax_of_full_forward(each_model, layout):
 def test_logprobs_equal_teacher_forcing(each_model, dtype, tol, capsys):
     config, params = each_model
     cfg = config.replace(compute_dtype=dtype)
-    sampler = Sampler(cfg, batch_size=3, max_len=64, sampling=SamplingConfig(temperature=1.0),
-                      stop_ids=(), cache_dtype=dtype)
+    sampler = Sampler(cfg, batch_size=3, max_len=64, stop_ids=(),
+                      options=SamplerOptions(sampling=SamplingConfig(temperature=1.0), cache_dtype=dtype))
     rng = np.random.RandomState(1)
     prompts = {s: list(rng.randint(0, VOCAB, n)) for s, n in enumerate([4, 11, 7])}
     state = sampler.extend(params, sampler.init_state(), prompts)
@@ -104,8 +104,9 @@ def test_logprobs_equal_teacher_forcing(each_model, dtype, tol, capsys):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_five_turns_of_extend_then_generate_equal_one_prefill(model, layout):
     config, params = model
-    sampler = Sampler(config, batch_size=2, max_len=256, sampling=SamplingConfig(temperature=1.0),
-                      stop_ids=STOP, cache_dtype="float32", layout=layout)
+    sampler = Sampler(config, batch_size=2, max_len=256, stop_ids=STOP,
+                      options=SamplerOptions(sampling=SamplingConfig(temperature=1.0), cache_dtype="float32",
+                                             layout=layout))
     mt = MultiTurn(sampler)
     rng = np.random.RandomState(2)
     mt.extend(params, {0: list(rng.randint(8, VOCAB, 6)), 1: list(rng.randint(8, VOCAB, 3))})
@@ -121,8 +122,8 @@ def test_five_turns_of_extend_then_generate_equal_one_prefill(model, layout):
         gen = arr["assistant_mask"][1:] == 1
         np.testing.assert_allclose(arr["logprobs"][1:][gen], ref[gen], atol=1e-4)
         # Greedy check of the tokens themselves: replaying with T=0 from the same history.
-    greedy = Sampler(config, batch_size=1, max_len=256, sampling=GREEDY, stop_ids=STOP, cache_dtype="float32",
-                     layout=layout)
+    greedy = Sampler(config, batch_size=1, max_len=256, stop_ids=STOP,
+                     options=SamplerOptions(sampling=GREEDY, cache_dtype="float32", layout=layout))
     mt = MultiTurn(greedy)
     history = []
     mt.extend(params, {0: list(rng.randint(8, VOCAB, 4))})
@@ -144,8 +145,9 @@ def test_prepared_parameters_decode_exactly_as_the_stacked_ones(model):
     outs = []
     for layout, blocks, prepare in (("per_layer", 2, True), ("per_layer", 2, False), ("per_layer", 1, True),
                                     ("stacked", 1, False)):
-        sampler = Sampler(config, batch_size=3, max_len=64, sampling=SamplingConfig(temperature=1.0),
-                          stop_ids=(), cache_dtype="float32", layout=layout, column_blocks=blocks)
+        sampler = Sampler(config, batch_size=3, max_len=64, stop_ids=(),
+                          options=SamplerOptions(sampling=SamplingConfig(temperature=1.0), cache_dtype="float32",
+                                                 layout=layout, column_blocks=blocks))
         p = sampler.prepare(params) if prepare else params
         assert cpu.is_prepared(p) == (layout == "per_layer" and prepare)
         prompts = {0: [5, 6, 7], 1: [8] * 9, 2: [9, 10]}
@@ -168,8 +170,9 @@ def test_decoding_through_growing_windows_equals_the_full_forward(model, monkeyp
     windows = []
     decode = engine._decode
     monkeypatch.setattr(engine, "_decode", lambda *a, **kw: windows.append(kw["window"]) or decode(*a, **kw))
-    samplers = [Sampler(config, batch_size=2, max_len=700, sampling=SamplingConfig(temperature=1.0), stop_ids=(),
-                        cache_dtype="float32", layout=layout, window_buckets=whole)
+    samplers = [Sampler(config, batch_size=2, max_len=700, stop_ids=(),
+                        options=SamplerOptions(sampling=SamplingConfig(temperature=1.0), cache_dtype="float32",
+                                               layout=layout, window_buckets=whole))
                 for layout, whole in (("per_layer", None), ("stacked", (700,)))]
     assert samplers[0].window_buckets == (128, 192, 256, 384, 512, 700)
     outs = []
@@ -194,8 +197,9 @@ def test_decoding_through_growing_windows_equals_the_full_forward(model, monkeyp
 
 def test_stop_tokens_end_a_row_and_are_kept(model):
     config, params = model
-    sampler = Sampler(config, batch_size=2, max_len=128, sampling=SamplingConfig(temperature=1.0),
-                      stop_ids=tuple(range(0, 40)), cache_dtype="float32")  # common enough to hit
+    sampler = Sampler(config, batch_size=2, max_len=128, stop_ids=tuple(range(0, 40)),
+                      options=SamplerOptions(sampling=SamplingConfig(temperature=1.0),
+                                             cache_dtype="float32"))  # common enough to hit
     state = sampler.extend(params, sampler.init_state(), {0: [50, 60], 1: [70]})
     state, out = sampler.generate(params, state, [0, 1], max_new_tokens=64, seeds=[1, 2])
     for g in out.values():
@@ -210,8 +214,9 @@ def test_stop_tokens_end_a_row_and_are_kept(model):
 def test_row_is_reproducible_from_its_seed_in_any_slot(model):
     """Continuous batching: a slot released and refilled, rows waiting while others decode."""
     config, params = model
-    sampler = Sampler(config, batch_size=3, max_len=128, sampling=SamplingConfig(temperature=1.0, top_p=0.9),
-                      stop_ids=(), cache_dtype="float32")
+    sampler = Sampler(config, batch_size=3, max_len=128, stop_ids=(),
+                      options=SamplerOptions(sampling=SamplingConfig(temperature=1.0, top_p=0.9),
+                                             cache_dtype="float32"))
     prompt = [10, 20, 30, 40]
     alone = sampler.extend(params, sampler.init_state(), {0: prompt})
     _, ref = sampler.generate(params, alone, [0], max_new_tokens=8, seeds=[99])
@@ -257,9 +262,9 @@ def _multi_turn_run(sampler, params):
 def test_compilations_are_bounded_in_a_multi_turn_run(model, layout):
     config, params = model
     # Stop ids of this test only: no other test has compiled these programs.
-    make = lambda: Sampler(config, batch_size=2, max_len=256, sampling=SamplingConfig(temperature=1.0),  # noqa: E731
-                           stop_ids=STOP + (VOCAB - 1,), cache_dtype="float32", prefill_buckets=(16, 64, 255),
-                           decode_buckets=(32,), layout=layout)
+    make = lambda: Sampler(config, batch_size=2, max_len=256, stop_ids=STOP + (VOCAB - 1,),
+                           options=SamplerOptions(sampling=SamplingConfig(temperature=1.0), cache_dtype="float32",
+                                                  prefill_buckets=(16, 64, 255), decode_buckets=(32,), layout=layout))
     sampler = make()
     params = sampler.prepare(params)
     with traced_programs() as first:
@@ -278,7 +283,7 @@ def test_compilations_are_bounded_in_a_multi_turn_run(model, layout):
 def test_context_overflow_is_a_clear_error(model):
     from jaxscaffold.rollout.engine import ContextOverflow
     config, params = model
-    sampler = Sampler(config, batch_size=1, max_len=32, sampling=GREEDY, stop_ids=())
+    sampler = Sampler(config, batch_size=1, max_len=32, stop_ids=(), options=SamplerOptions(sampling=GREEDY))
     state = sampler.extend(params, sampler.init_state(), {0: list(range(20))})
     with pytest.raises(ContextOverflow, match="slot 0"):
         sampler.extend(params, state, {0: list(range(12))})
@@ -295,8 +300,9 @@ def test_sharded_sampling_equals_unsharded(model, layout):
     prompts = {s: [s + 10, 2 * s + 11, 30] for s in range(4)}
     results = []
     for p, m in ((params, None), (sharded_params, mesh)):
-        sampler = Sampler(config, batch_size=4, max_len=64, sampling=SamplingConfig(temperature=0.8),
-                          stop_ids=(), cache_dtype="float32", mesh=m, layout=layout)
+        sampler = Sampler(config, batch_size=4, max_len=64, stop_ids=(), mesh=m,
+                          options=SamplerOptions(sampling=SamplingConfig(temperature=0.8), cache_dtype="float32",
+                                                 layout=layout))
         p = sampler.prepare(p)
         state = sampler.extend(p, sampler.init_state(), prompts)
         state, out = sampler.generate(p, state, list(prompts), max_new_tokens=10, seeds=[1, 2, 3, 4])

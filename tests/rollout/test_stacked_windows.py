@@ -12,7 +12,7 @@ from jaxscaffold.models import config as model_configs
 from jaxscaffold.models import qwen3
 from jaxscaffold.models.hf_io import EOS_IDS
 from jaxscaffold.rollout import engine
-from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import SamplingConfig
 
 CAPACITY = 300  # windows 128, 192, 256, 300
@@ -50,8 +50,9 @@ def test_stacked_windows_give_the_full_capacity_tokens(tiny, monkeypatch):
         # Greedy: a sampled token at temperature 1 over 151,936 ids flips on the last bits of its
         # logits (the window sums in another order), which differ by instruction set (seen on an
         # Intel Xeon, not on a Zen); the argmax does not.
-        sampler = Sampler(config, batch_size=2, max_len=CAPACITY, sampling=SamplingConfig(temperature=0.0),
-                          stop_ids=(), layout="stacked", window_buckets=buckets)  # the bf16 cache of TPU / GPU
+        sampler = Sampler(config, batch_size=2, max_len=CAPACITY, stop_ids=(),
+                          options=SamplerOptions(sampling=SamplingConfig(temperature=0.0), layout="stacked",
+                                                 window_buckets=buckets))  # the bf16 cache of TPU / GPU
         outs[name] = (_two_turns(sampler, params), list(windows))
     assert outs["windowed"][1] == [128, 192, 256, 300] and outs["full"][1] == [CAPACITY] * 2
     for turn_w, turn_f in zip(outs["windowed"][0], outs["full"][0]):
@@ -68,7 +69,8 @@ def test_a_windowed_decode_reads_only_its_window(tiny):
     dynamic slices), the full-capacity one every slot."""
     config, _ = tiny
     for buckets, slots in ((None, 128), ((CAPACITY,), CAPACITY)):
-        sampler = Sampler(config, stop_ids=EOS_IDS, batch_size=2, max_len=CAPACITY, layout="stacked", window_buckets=buckets)
+        sampler = Sampler(config, stop_ids=EOS_IDS, batch_size=2, max_len=CAPACITY,
+                          options=SamplerOptions(layout="stacked", window_buckets=buckets))
         lowered = sampler.lower_decode(qwen3.param_shapes(config), jax.eval_shape(sampler.init_state),
                                        window=sampler.decode_window(100))
         text = lowered.as_text(dialect="hlo")
@@ -80,10 +82,11 @@ def test_a_windowed_decode_reads_only_its_window(tiny):
 def test_window_buckets_must_end_at_the_capacity(tiny):
     config, _ = tiny
     assert Sampler(config, stop_ids=EOS_IDS, batch_size=1, max_len=700).prefill_window_buckets == (128, 256, 512, 700)
-    assert Sampler(config, stop_ids=EOS_IDS, batch_size=1, max_len=700, window_buckets=(192, 700)).prefill_window_buckets == (700,)
+    assert Sampler(config, stop_ids=EOS_IDS, batch_size=1, max_len=700,
+                   options=SamplerOptions(window_buckets=(192, 700))).prefill_window_buckets == (700,)
     for bad in ((128, 256), (256, 128, 700)):
         with pytest.raises(ValueError, match="window_buckets"):
-            Sampler(config, stop_ids=EOS_IDS, batch_size=1, max_len=700, window_buckets=bad)
+            Sampler(config, stop_ids=EOS_IDS, batch_size=1, max_len=700, options=SamplerOptions(window_buckets=bad))
 
 
 def test_sharded_windows_equal_unsharded(tiny):
@@ -94,8 +97,8 @@ def test_sharded_windows_equal_unsharded(tiny):
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
     outs = []
     for p, m in ((params, None), (jax.device_put(params, qwen3.param_shardings(config, mesh)), mesh)):
-        sampler = Sampler(config, batch_size=4, max_len=CAPACITY, sampling=SamplingConfig(temperature=1.0),
-                          stop_ids=(), layout="stacked", mesh=m)
+        sampler = Sampler(config, batch_size=4, max_len=CAPACITY, stop_ids=(), mesh=m,
+                          options=SamplerOptions(sampling=SamplingConfig(temperature=1.0), layout="stacked"))
         state = sampler.extend(p, sampler.init_state(), {s: [s + 10, 2 * s + 11] * 60 for s in range(4)})
         state, out = sampler.generate(p, state, list(range(4)), max_new_tokens=12, seeds=[1, 2, 3, 4])
         if m is not None:

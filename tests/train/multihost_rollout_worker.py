@@ -18,7 +18,7 @@ from jaxscaffold.models import qwen3  # noqa: E402
 from jaxscaffold.models.config import Qwen3Config  # noqa: E402
 from jaxscaffold.models.local_mesh import device_bytes  # noqa: E402
 from jaxscaffold.models.sharding import MeshConfig, make_mesh, maybe_initialize_distributed  # noqa: E402
-from jaxscaffold.rollout.engine import Sampler  # noqa: E402
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions  # noqa: E402
 from jaxscaffold.rollout.sampling import SamplingConfig  # noqa: E402
 from jaxscaffold.train.multihost import process_share, rollout_mesh, sampler_params  # noqa: E402
 
@@ -64,8 +64,8 @@ config = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_
 params = qwen3.init_params(config, jax.random.key(0), mesh=mesh)
 sampler_mesh, rules = rollout_mesh(config)
 for layout in ("per_layer", "stacked"):  # the CPU's and the TPU / GPU one
-    sampler = Sampler(config, stop_ids=(), batch_size=ROWS, max_len=64, sampling=SamplingConfig(temperature=1.0),
-                      mesh=sampler_mesh, rules=rules, layout=layout)
+    sampler = Sampler(config, stop_ids=(), batch_size=ROWS, max_len=64, mesh=sampler_mesh, rules=rules,
+                      options=SamplerOptions(sampling=SamplingConfig(temperature=1.0), layout=layout))
     # No host <-> device transfer in the reshard: it is device to device. (On CPU reading a
     # device buffer from the host is not a copy, and the device-to-host guard misses it; the
     # host-to-device one is what any detour through host memory back onto a device trips.)
@@ -80,7 +80,8 @@ for layout in ("per_layer", "stacked"):  # the CPU's and the TPU / GPU one
         "devices": sorted({d.id for x in jax.tree.leaves(local) for d in x.sharding.device_set})}
     if num_processes == 1:  # an independent reference: the whole model on one device, unsharded sampler
         one = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), params)
-        plain = Sampler(config, stop_ids=(), batch_size=ROWS, max_len=64, sampling=SamplingConfig(temperature=1.0), layout=layout)
+        plain = Sampler(config, stop_ids=(), batch_size=ROWS, max_len=64,
+                        options=SamplerOptions(sampling=SamplingConfig(temperature=1.0), layout=layout))
         result[layout]["tokens_one_device"], _ = sample(config, one, plain)
 result["local_devices"] = sorted(d.id for d in jax.local_devices())
 
@@ -90,8 +91,8 @@ lora = lora_lib.LoraConfig(rank=4, alpha=8.0)
 adapters = lora_lib.init_adapters(config, lora, jax.random.key(3), mesh=mesh)
 adapters = jax.tree.map(lambda x: x + 0.05, adapters)
 merged = lora_lib.merged(config, params, adapters, lora)
-sampler = Sampler(config, stop_ids=(), batch_size=ROWS, max_len=64, sampling=SamplingConfig(temperature=1.0),
-                  mesh=sampler_mesh, rules=rules)
+sampler = Sampler(config, stop_ids=(), batch_size=ROWS, max_len=64, mesh=sampler_mesh, rules=rules,
+                  options=SamplerOptions(sampling=SamplingConfig(temperature=1.0)))
 local = sampler_params(merged, sampler)
 tokens, _ = sample(config, local, sampler)
 result["lora"] = {"tokens": tokens, "share": largest_share(local, param_bytes(config))}

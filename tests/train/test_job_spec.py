@@ -62,8 +62,8 @@ def test_the_spec_reads_the_config(name):
         assert (spec.lora.rank, spec.lora.alpha) == (cfg.lora.rank, cfg.lora.alpha)
         assert spec.model.param_dtype == cfg.lora.base_dtype and spec.adapter_dtype == cfg.model.param_dtype
     assert spec.sampler.batch_size == sampler_rows(c, c.tasks_per_step)
-    assert (spec.sampler.max_len, spec.sampler.sampling.temperature) == (c.max_len, c.temperature)
-    assert spec.eval_sampler.sampling.temperature == 0.0 and spec.eval_sampler.max_len == c.max_len
+    assert (spec.sampler.max_len, spec.sampler.options.sampling.temperature) == (c.max_len, c.temperature)
+    assert spec.eval_sampler.options.sampling.temperature == 0.0 and spec.eval_sampler.max_len == c.max_len
     assert spec.reference_copy == (bool(r.kl_coef) and spec.lora is None)
     assert JobSpec.from_config(cfg, processes=1) == spec  # pure: equal configs, equal specs
 
@@ -77,7 +77,7 @@ def test_the_three_consumers_build_one_spec(name):
     assert job.spec == spec and job.algo == spec.algo and job.lora == spec.lora
     for sampler, want in ((job.sampler, spec.sampler), (job.eval_sampler, spec.eval_sampler)):
         assert (sampler.batch_size, sampler.max_len, sampler.sampling, sampler.cache_dtype) == \
-            (want.batch_size, want.max_len, want.sampling, want.cache_dtype)
+            (want.batch_size, want.max_len, want.options.sampling, want.options.cache_dtype)
     assert (job.ref_params is not None) == spec.reference_copy
     # the step's frozen argument: LoRA's base, the KL reference or nothing
     assert (job.frozen is not None) == (spec.with_reference or spec.lora is not None)

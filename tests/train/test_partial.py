@@ -27,7 +27,7 @@ from jaxscaffold.models import qwen3
 from jaxscaffold.models.tokenizer import QwenOfflineTokenizer
 from jaxscaffold.rl.logprobs import token_logprobs
 from jaxscaffold.rollout.conversation import Conversation
-from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import SamplingConfig
 from jaxscaffold.train.collector import AheadCollector, staleness_filter, version_stats
 from jaxscaffold.train.trainer import train
@@ -52,8 +52,8 @@ class SwapAt:
 
 def _run(params, refresh=None, reprefill=False):
     tok = QwenOfflineTokenizer()
-    sampler = Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=4, max_len=512, cache_dtype="float32",
-                      sampling=SamplingConfig(temperature=1.0))
+    sampler = Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=4, max_len=512,
+                      options=SamplerOptions(cache_dtype="float32", sampling=SamplingConfig(temperature=1.0)))
     agent = ModelAgent(params, sampler, tok, RolloutConfig(max_new_tokens=12), seed=5, train_step=2,
                        refresh_params=refresh, reprefill=reprefill)
     episodes = run_episodes(agent, LocalEnvs({"rooms": registry.factory("rooms")}), TASKS, max_turns=2,

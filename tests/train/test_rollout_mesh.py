@@ -11,7 +11,7 @@ from jaxscaffold.models import qwen3
 from jaxscaffold.models.config import Qwen3Config
 from jaxscaffold.models.local_mesh import device_bytes
 from jaxscaffold.models.sharding import MeshConfig, make_mesh
-from jaxscaffold.rollout.engine import Sampler, SamplingConfig
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions, SamplingConfig
 from jaxscaffold.train.multihost import rollout_mesh, sampler_params
 
 CONFIG = Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=8,
@@ -32,8 +32,8 @@ def test_one_process_samples_on_its_devices_with_an_eighth_of_weights_and_cache(
     mesh, rules = rollout_mesh(CONFIG)
     assert mesh is not None and mesh.shape["tensor"] == 8
     params = qwen3.init_params(CONFIG, jax.random.key(0), mesh=make_mesh(MeshConfig(data=2, fsdp=4, tensor=1)))
-    sampler = Sampler(CONFIG, stop_ids=(), batch_size=4, max_len=64, sampling=SamplingConfig(temperature=1.0),
-                      mesh=mesh, rules=rules, layout=layout)
+    sampler = Sampler(CONFIG, stop_ids=(), batch_size=4, max_len=64, mesh=mesh, rules=rules,
+                      options=SamplerOptions(sampling=SamplingConfig(temperature=1.0), layout=layout))
     local = sampler_params(params, sampler)
     total = sum(x.nbytes for x in jax.tree.leaves(params))
     per_device = device_bytes(local)
@@ -45,5 +45,6 @@ def test_one_process_samples_on_its_devices_with_an_eighth_of_weights_and_cache(
     rng = np.random.RandomState(3)
     prompts = [rng.randint(0, CONFIG.vocab_size, 3 + i).tolist() for i in range(4)]
     one_device = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), params)
-    plain = Sampler(CONFIG, stop_ids=(), batch_size=4, max_len=64, sampling=SamplingConfig(temperature=1.0), layout=layout)
+    plain = Sampler(CONFIG, stop_ids=(), batch_size=4, max_len=64,
+                    options=SamplerOptions(sampling=SamplingConfig(temperature=1.0), layout=layout))
     assert _tokens(sampler, local, prompts) == _tokens(plain, one_device, prompts)

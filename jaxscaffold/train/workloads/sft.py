@@ -8,12 +8,16 @@ actions as the trained assistant turns. A JSONL task file (`envs.train = "jsonl:
 plain case: one turn, the prompt answered with the line's "answer". Only episodes the gold path
 won are kept. Each step trains on `rollout.tasks_per_step` of them, drawn with replacement by a
 generator seeded once for the run; evaluation is task RL's (greedy, held-out tasks).
+
+A study may supply its own demonstrations instead (`Demonstrations`: e.g. rows written afresh
+each step by a teacher policy) and run them through the same trainer:
+`train(cfg, workload=lambda job, params: SFTWorkload(job, params, demonstrations=source))`.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import jax
 import numpy as np
@@ -108,23 +112,43 @@ def gold_demonstrations(job: Job, envs, tasks: Sequence[Task]) -> tuple[list[tup
     return fitting, stats
 
 
+class Demonstrations(Protocol):
+    """A study's own source of SFT rows (`SFTWorkload(demonstrations=...)`)."""
+
+    def batch(self, step: int) -> list[tuple[Task, Conversation]]:
+        """Step `step`'s rows (their assistant tokens are the targets), each with its task."""
+
+    def get_state(self) -> dict:
+        """What resuming needs (JSON)."""
+
+    def set_state(self, state: dict) -> None:
+        """Restores `get_state`'s output."""
+
+
 @register_workload("sft")
 class SFTWorkload(EnvWorkload):
-    """Supervised fine-tuning on the training tasks' gold demonstrations (see the module);
-    evaluation, environments and task sets as task RL's (`EnvWorkload`)."""
+    """Supervised fine-tuning on the training tasks' gold demonstrations (see the module), or on
+    `demonstrations` a study supplies; evaluation, environments and task sets as task RL's
+    (`EnvWorkload`)."""
 
-    def __init__(self, job: Job, params=None):
+    def __init__(self, job: Job, params=None, demonstrations: Demonstrations | None = None):
         super().__init__(job, params)
         single_process("job='sft'")
         cfg = job.cfg
-        self.demonstrations, self.data_stats = gold_demonstrations(
-            job, self.envs, load_tasks(cfg.envs.train, cfg.envs.train_split))
+        self.source = demonstrations
+        if demonstrations is None:
+            self.demonstrations, self.data_stats = gold_demonstrations(
+                job, self.envs, load_tasks(cfg.envs.train, cfg.envs.train_split))
         self.rng = np.random.default_rng(seeds.derive(cfg.seed, "sft"))
         self.sft_step = make_sft_step(job.model_config, job.spec.optimizer, num_micro_batches=cfg.rl.micro_batches,
                                       mesh=job.mesh)
 
     def collect(self, job: Job, params, step: int) -> tuple[list[Episode], dict]:
-        """`tasks_per_step` demonstrations (as one-row episodes); the data's counts at step 1."""
+        """`tasks_per_step` demonstrations (as one-row episodes); the data's counts at step 1. A
+        supplied source: its rows of the step."""
+        if self.source is not None:
+            return [Episode(task, g, conv, won=True, done=True)
+                    for g, (task, conv) in enumerate(self.source.batch(step))], {}
         picked = self.rng.integers(len(self.demonstrations), size=job.cfg.rollout.tasks_per_step)
         episodes = [Episode(self.demonstrations[i][0], g, self.demonstrations[i][1], won=True, done=True)
                     for g, i in enumerate(picked)]
@@ -134,7 +158,10 @@ class SFTWorkload(EnvWorkload):
         return sft_update(self.sft_step, job, state, [e.conversation for e in episodes])
 
     def get_state(self) -> dict:
-        return {"sft_rng": self.rng.bit_generator.state}
+        state = {"sft_rng": self.rng.bit_generator.state}
+        return state if self.source is None else {**state, "source": self.source.get_state()}
 
     def set_state(self, state: dict) -> None:
         self.rng.bit_generator.state = state["sft_rng"]
+        if self.source is not None:
+            self.source.set_state(state["source"])

@@ -31,7 +31,7 @@ from jaxscaffold.episodes.episode import Episode
 from jaxscaffold.models.chat import Qwen3ChatRenderer
 from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_sft_step
 from jaxscaffold.rollout.conversation import Conversation
-from jaxscaffold.rollout.engine import Sampler
+from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import GREEDY, SamplingConfig
 from jaxscaffold.train.envs import make_envs
 from jaxscaffold.train.evaluation import breakdown
@@ -67,8 +67,9 @@ def policy_trajectories(job: Job, params, envs, tasks: Sequence[Task]) -> list[E
     rcfg = RolloutConfig(max_turns=w.collect_max_turns, max_new_tokens=job.cfg.rollout.max_new_tokens,
                          enable_thinking=job.cfg.rollout.enable_thinking)
     sampler = Sampler(job.model_config, batch_size=job.sampler.batch_size, max_len=job.cfg.rollout.max_len,
-                      sampling=SamplingConfig(temperature=w.collect_temperature), stop_ids=job.sampler.stop_ids,
-                      cache_dtype=job.cfg.model.cache_dtype, mesh=job.sampler.mesh, rules=job.sampler.rules)
+                      stop_ids=job.sampler.stop_ids, mesh=job.sampler.mesh, rules=job.sampler.rules,
+                      options=SamplerOptions(sampling=SamplingConfig(temperature=w.collect_temperature),
+                                             cache_dtype=job.cfg.model.cache_dtype))
     params = sampler_params(params, sampler)
     flat = [t for t in tasks for _ in range(w.rollouts_per_task)]
     episodes = []
@@ -311,8 +312,8 @@ def _judge_chat(job: Job):
     config, params = hf_io.load_pretrained(path, mesh=job.mesh, compute_dtype=job.cfg.model.compute_dtype)
     tokenizer = load_tokenizer(path)
     chat = Qwen3ChatRenderer(tokenizer)
-    sampler = Sampler(config, batch_size=1, max_len=job.cfg.rollout.max_len, sampling=GREEDY,
-                      stop_ids=tokenizer.eos_ids)
+    sampler = Sampler(config, batch_size=1, max_len=job.cfg.rollout.max_len, stop_ids=tokenizer.eos_ids,
+                      options=SamplerOptions(sampling=GREEDY))
 
     def reply(messages):
         ids = chat.render(messages, add_generation_prompt=True, enable_thinking=False)

@@ -1,12 +1,17 @@
 """experiments/rooms_fee/base.py's teacher rows: the rollout's step-wise format, the loss on the action
-alone, actions from the listed ones, and the hinted action followed where a hint is shown; and
+alone, actions from the listed ones, and the hinted action followed where a hint is shown; the
+base fitted through the package's trainer taking the steps of a plain SFT loop; and
 experiments/rooms_fee/measure.py's one-line errors."""
 
 import importlib.util
+import json
 import os
 import random
 import subprocess
 import sys
+
+import numpy as np
+import pytest
 
 from jaxscaffold.envs import rooms
 from jaxscaffold.models.chat import Qwen3ChatRenderer
@@ -85,6 +90,50 @@ def test_a_base_of_a_given_size_saves_its_steps_and_continues_from_one(tmp_path)
     assert main([str(tmp_path / "bad"), "--hidden", "40"]) == 2
 
 
+@pytest.mark.slow
+def test_the_base_through_the_trainer_takes_the_steps_of_a_plain_sft_loop(tmp_path):
+    """The trainer's `sft` workload fed by the teacher (`base.Teacher`) against the loop the
+    script ran before: the same seeded init, teacher rows and optimizer step by step; the 20
+    losses and the exported base agree to 1e-5."""
+    import jax
+
+    from jaxscaffold.models import config as model_configs
+    from jaxscaffold.models import hf_io, qwen3
+    from jaxscaffold.models.word_tokenizer import padded_vocab_size
+    from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_sft_step
+    from jaxscaffold.train.batching import build_batch
+
+    base = _module("base")
+    steps, batch, turns, seed, lr = 20, 4, 14, 3, 3e-3
+    out = tmp_path / "base"
+    assert base.main([str(out), "--steps", str(steps), "--batch", str(batch), "--seed", str(seed)]) == 0
+    with open(out / "run" / "metrics.jsonl") as f:
+        losses = [m["train/loss"] for m in map(json.loads, f) if "train/loss" in m]
+    # The loop, written out: the default size's seeded init, constant-lr AdamW without decay,
+    # `batch` rows a step sampled from a pool of whole teacher episodes.
+    tok = word_tokenizer("rooms")
+    chat = Qwen3ChatRenderer(tok)
+    config = model_configs.tiny(vocab_size=padded_vocab_size(tok), hidden_size=64, intermediate_size=192,
+                                num_layers=2, num_heads=4, num_kv_heads=2, compute_dtype="float32",
+                                remat_policy="none")
+    opt = OptimizerConfig(lr=lr, weight_decay=0.0)
+    state = init_train_state(qwen3.init_params(config, jax.random.key(seed)), opt.make())
+    step = make_sft_step(config, opt)
+    rng, env, tasks, loop = random.Random(seed), rooms.RoomsEnv(), rooms.catalogue("train"), []
+    for _ in range(steps):
+        pool = []
+        while len(pool) < batch:
+            pool += base.base_rows(env, rng.choice(tasks), chat, rng, turns, **base.TEACHER)
+        convs = rng.sample(pool, batch)
+        state, metrics = step(state, build_batch(convs, np.zeros(batch)))
+        loop.append(float(metrics["loss"]))
+    assert len(losses) == steps
+    np.testing.assert_allclose(losses, loop, rtol=0, atol=1e-5)
+    _, exported = hf_io.load_pretrained(str(out))
+    for a, b in zip(jax.tree.leaves(exported), jax.tree.leaves(jax.device_get(state.params))):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=0, atol=1e-5)
+
+
 def _leaves_differ(a, b) -> bool:
     import jax
     import numpy as np
@@ -92,34 +141,35 @@ def _leaves_differ(a, b) -> bool:
 
 
 
-def test_an_interrupted_build_continues_to_the_uninterrupted_base(tmp_path, monkeypatch, capsys):
-    """A build stopped after a checkpoint (OUT_DIR/resume) and rerun with the same command ends
-    with the same weights, bit for bit, as one that never stopped; the resume state is removed
-    at the end; a rerun with other arguments over it is a one-line error."""
+@pytest.mark.slow
+def test_an_interrupted_build_continues_to_the_uninterrupted_base(tmp_path, monkeypatch):
+    """A build stopped after a checkpoint and rerun with the same command continues from it
+    (the teacher's generator restored with the weights and optimizer) and ends with the base
+    of a build that never stopped."""
+    import jax
     import pytest
     from jaxscaffold.models import hf_io
     base = _module("base")
     args = ["--steps", "4", "--batch", "4", "--hidden", "32", "--layers", "1", "--checkpoint-every", "2"]
     assert base.main([str(tmp_path / "whole"), *args]) == 0
     _, whole = hf_io.load_pretrained(str(tmp_path / "whole"))
-    assert not (tmp_path / "whole" / "resume").exists()
 
-    save = base.save_resume
+    batch = base.Teacher.batch
 
-    def save_then_stop(*a):  # the interruption: the process ends right after step 2's checkpoint
-        save(*a)
-        raise KeyboardInterrupt
+    def stop_at_step_3(self, step):  # the interruption: the process ends after step 2's checkpoint
+        if step >= 3:
+            raise KeyboardInterrupt
+        return batch(self, step)
 
-    for out in ("cut", "other"):
-        monkeypatch.setattr(base, "save_resume", save_then_stop)
-        with pytest.raises(KeyboardInterrupt):
-            base.main([str(tmp_path / out), *args])
-        monkeypatch.setattr(base, "save_resume", save)
-        assert (tmp_path / out / "resume" / "meta.json").exists()
-    capsys.readouterr()
+    monkeypatch.setattr(base.Teacher, "batch", stop_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        base.main([str(tmp_path / "cut"), *args])
+    monkeypatch.setattr(base.Teacher, "batch", batch)
+    assert not (tmp_path / "cut" / "config.json").exists()
+    calls = []
+    monkeypatch.setattr(base.Teacher, "batch", lambda self, step: calls.append(step) or batch(self, step))
     assert base.main([str(tmp_path / "cut"), *args]) == 0
-    assert "continuing from step 2" in capsys.readouterr().out  # not a fresh build that happens to agree
+    assert min(calls) == 3  # continued, not rebuilt from step 1
     _, resumed = hf_io.load_pretrained(str(tmp_path / "cut"))
-    assert not _leaves_differ(whole, resumed)
-    assert not (tmp_path / "cut" / "resume").exists()
-    assert base.main([str(tmp_path / "other"), *args, "--lr", "1e-3"]) == 2
+    for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(resumed)):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=0, atol=1e-6)

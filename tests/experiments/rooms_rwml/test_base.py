@@ -2,14 +2,18 @@
 
 The base must keep acting (policy rows: the rooms base's own step-wise teacher rows) and
 learn the answer format from targets that carry nothing of the dynamics (copy rows: the current
-state in `<next_state>` tags, never the true next state, which would make every arm WM-SFT)."""
+state in `<next_state>` tags, never the true next state, which would make every arm WM-SFT); and
+the warm-up run through the package's trainer taking the steps of a plain SFT loop."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import os
 import random
+
+import pytest
 
 from jaxscaffold.envs import rooms
 from jaxscaffold.models.chat import Qwen3ChatRenderer
@@ -83,3 +87,57 @@ def test_copy_triples_come_from_as_many_train_layouts_as_asked_and_copy_the_stat
 def test_bad_copy_tasks_is_a_one_line_error(capsys):
     assert _script().main(["unused_base", "unused_out", "--copy-tasks", "0"]) == 2
     assert "--copy-tasks" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_warm_up_through_the_trainer_takes_the_steps_of_a_plain_sft_loop(tmp_path):
+    """The trainer's `sft` workload fed by `WarmUp` against the warm-up loop the script ran
+    before: the same moved model, mixed batches and optimizer step by step; the 20 losses and
+    the written base agree to 1e-5."""
+    import jax
+    import numpy as np
+
+    from jaxscaffold import config as config_lib
+    from jaxscaffold.models import config as model_configs
+    from jaxscaffold.models import hf_io, qwen3
+    from jaxscaffold.models.sharding import shard_batch
+    from jaxscaffold.models.word_tokenizer import padded_vocab_size
+    from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_sft_step
+    from jaxscaffold.train.batching import build_batch
+    from jaxscaffold.train.job import build_job
+    from jaxscaffold.train.workloads.world_model import prompt_config
+
+    script, words = _script(), word_tokenizer("rooms")
+    config = model_configs.tiny(vocab_size=padded_vocab_size(words), compute_dtype="float32", remat_policy="none")
+    rooms_base = str(tmp_path / "rooms_base")  # a seeded random model on the rooms words stands in for the base
+    hf_io.save_pretrained(rooms_base, config, jax.device_get(qwen3.init_params(config, jax.random.key(0))),
+                          tokens=hf_io.SpecialTokens.of(words))
+    steps, batch, seed, lr, copy_tasks = 20, 4, 1, 2e-3, 3
+    common = ["--batch", str(batch), "--seed", str(seed), "--lr", str(lr), "--copy-tasks", str(copy_tasks),
+              "--no-check"]
+    out, moved = tmp_path / "base", tmp_path / "moved"
+    assert script.main([rooms_base, str(out), "--warmup-steps", str(steps), *common]) == 0
+    with open(out / "run" / "metrics.jsonl") as f:
+        losses = [m["train/loss"] for m in map(json.loads, f) if "train/loss" in m]
+    assert script.main([rooms_base, str(moved), "--warmup-steps", "0", *common]) == 0  # the moved model alone
+    # The loop, written out: AdamW at a constant lr without decay on the stage-1 job's step.
+    cd = config_lib.load_file(config_lib.config_path("rwml_rooms.py", os.path.join(ROOT, "configs")))
+    cfg = config_lib.from_configdict(config_lib.parse_overrides(
+        cd, [f"model.hf_path={moved}", f"seed={seed}", "mesh.devices=1"]))
+    job, state = build_job(cfg)
+    opt = OptimizerConfig(lr=lr, weight_decay=0.0, grad_clip=cfg.rl.grad_clip)
+    step = make_sft_step(job.model_config, opt, num_micro_batches=cfg.rl.micro_batches, mesh=job.mesh)
+    state = init_train_state(state.params, opt.make())
+    triples = script.copy_triples(cfg, "train", copy_tasks, seed)
+    chat, pcfg = Qwen3ChatRenderer(job.tokenizer), prompt_config(cfg)
+    env, tasks, rng, loop = rooms.RoomsEnv(), rooms.catalogue("train"), random.Random(seed), []
+    for _ in range(steps):
+        convs = script.mixed_batch(chat, triples, pcfg, env, tasks, rng, batch=batch, policy_share=0.5)
+        arrays = build_batch(convs, np.zeros(len(convs)), row_multiple=job.row_multiple)
+        state, metrics = step(state, arrays if job.mesh is None else shard_batch(arrays, job.mesh))
+        loop.append(float(metrics["loss"]))
+    assert len(losses) == steps
+    np.testing.assert_allclose(losses, loop, rtol=0, atol=1e-5)
+    _, written = hf_io.load_pretrained(str(out))
+    for a, b in zip(jax.tree.leaves(written), jax.tree.leaves(jax.device_get(state.params))):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=0, atol=1e-5)
