@@ -40,6 +40,10 @@ class EnvSpec:
     # The module's function returning every text the env writes (its templates, object names):
     # what a word-level vocabulary of the env (`model.vocabulary`) is built from.
     vocabulary: str | None = None
+    # Whether instances may run at once in threads of one pool worker (each its own state: no
+    # module state shared between instances, no thread-unsafe library). False: a worker runs
+    # this env's requests one at a time (CPU-bound envs lose nothing by it: threads share a core).
+    concurrent: bool = True
 
     @property
     def import_path(self) -> str:
@@ -55,11 +59,15 @@ TAU2_DOMAINS = ("retail", "airline", "telecom")
 # module's own). `register` adds one from outside the package.
 ENVS: dict[str, EnvSpec] = {spec.name: spec for spec in (
     EnvSpec("letters", "jaxscaffold.envs.letters", "LettersEnv", splits=("train", "test")),
-    # A bare split is the default level L0's (the FEE reference code's lists).
+    # A bare split is the default level L0's (the FEE reference code's lists). Concurrent: each
+    # instance drives its own JVM through its own py4j gateway (JVM launches take a module lock).
     EnvSpec("sciworld", "jaxscaffold.envs.sciworld", "ScienceWorldEnv", splits=SCIWORLD_LEVEL_SPLITS["L0"],
             split_groups=SCIWORLD_LEVEL_SPLITS, group_label="level", extra="envs"),
-    EnvSpec("bfcl", "jaxscaffold.envs.bfcl", "BFCLEnv", splits=("train", "validation"), extra="envs"),
-    EnvSpec("alfworld", "jaxscaffold.envs.alfworld", "ALFWorldEnv", extra="envs",
+    # Not audited for threads (bfcl-eval's backend classes; TextWorld / fast-downward and ALFWorld's
+    # import, which sets $ALFWORLD_DATA), and CPU-bound: their instances in one worker take turns.
+    EnvSpec("bfcl", "jaxscaffold.envs.bfcl", "BFCLEnv", splits=("train", "validation"), extra="envs",
+            concurrent=False),
+    EnvSpec("alfworld", "jaxscaffold.envs.alfworld", "ALFWorldEnv", extra="envs", concurrent=False,
             splits=("train", "valid_seen", "valid_unseen", "eval_in_distribution", "eval_out_of_distribution",
                     "in_distribution", "out_of_distribution")),
     EnvSpec("tau2", "jaxscaffold.envs.tau2", "Tau2Env", splits=("train", "test", "base"),
@@ -74,14 +82,14 @@ ENVS: dict[str, EnvSpec] = {spec.name: spec for spec in (
 
 def register(spec: EnvSpec | str, module: str | None = None, env_class: str | None = None, *,
              catalogue: str = "catalogue", splits: tuple[str, ...] | None = None, extra: str | None = None,
-             system_prompt: str | None = None) -> EnvSpec:
+             system_prompt: str | None = None, concurrent: bool = True) -> EnvSpec:
     """Adds (or replaces) an environment: `register(EnvSpec(...))`, or the same fields as
     arguments (`register(name, module, env_class, splits=..., ...)`). A config file can call it
     before returning its config; pool workers construct the env from its import path. Its
     feedback forms, if any, are `feedback.enrichers.register_feedback`'s."""
     if not isinstance(spec, EnvSpec):
         spec = EnvSpec(spec, module, env_class, catalogue=catalogue, splits=None if splits is None else tuple(splits),
-                       extra=extra, system_prompt=system_prompt)
+                       extra=extra, system_prompt=system_prompt, concurrent=concurrent)
     if not spec.name.isidentifier():
         raise ValueError(f"environment name {spec.name!r} must be an identifier (it is a metric and task-spec key)")
     ENVS[spec.name] = spec
