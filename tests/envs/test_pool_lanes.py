@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from jaxscaffold.envs.base import Observation, StepResult, is_failure
+from jaxscaffold.envs.base import Observation, StepResult
 from jaxscaffold.envs.pool import EnvPool
 from tests.envs.test_pool import FAKE, _alive, _java_descendants, _tasks
 from tests.envs.test_pool_async import _children, _collect
