@@ -65,7 +65,9 @@ SPLIT_ALIASES = {
     "in_distribution": "valid_seen",
     "out_of_distribution": "valid_unseen",
 }
-SPEC = EnvSpec(NAME, __name__, "ALFWorldEnv", splits=(*SPLITS, *SPLIT_ALIASES), extra="envs")
+# Not audited for threads (TextWorld / fast-downward; ALFWorld's import sets $ALFWORLD_DATA) and
+# CPU-bound: instances of one pool worker take turns (`concurrent=False`).
+SPEC = EnvSpec(NAME, __name__, "ALFWorldEnv", splits=(*SPLITS, *SPLIT_ALIASES), extra="envs", concurrent=False)
 TASK_TYPES = (
     "pick_and_place_simple",
     "look_at_obj_in_light",

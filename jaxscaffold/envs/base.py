@@ -135,6 +135,10 @@ class EnvSpec:
     # What builds the env from the run's kwargs: the class itself (""), or its attribute, e.g. a
     # classmethod that gathers them into the env's options object ("from_kwargs").
     constructor: str = ""
+    # Whether instances may run at once in threads of one pool worker (each its own state: no
+    # module state shared between instances, no thread-unsafe library). False: a worker runs
+    # this env's requests one at a time (CPU-bound envs lose nothing by it: threads share a core).
+    concurrent: bool = True
 
     @property
     def import_path(self) -> str:

@@ -66,7 +66,9 @@ from jaxscaffold.envs.bfcl_calls import (CallRecord, Dispatcher, ParsedCall, Res
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")
 SPLITS = ("train", "validation")
 # Built from the run's kwargs as its options (`BFCLEnv.from_kwargs`).
-SPEC = EnvSpec("bfcl", __name__, "BFCLEnv", constructor="from_kwargs", splits=SPLITS, extra="envs")
+# Not audited for threads (bfcl-eval's backend classes) and CPU-bound: instances of one pool
+# worker take turns (`concurrent=False`).
+SPEC = EnvSpec("bfcl", __name__, "BFCLEnv", constructor="from_kwargs", splits=SPLITS, extra="envs", concurrent=False)
 TRAIN_IDS, VALIDATION_IDS = range(0, 100), range(100, 200)
 
 # class name -> module of bfcl_eval...func_source_code and its doc file stem (the same name)

@@ -8,7 +8,8 @@
 Episodes are indexed by their position in the list given to the last `reset`; a reset ends
 every episode of the previous one. The same Task may appear many times (a GRPO group): each
 occurrence is its own episode on its own env instance. Episode ``i`` runs in worker
-``i % num_workers``; a worker runs its episodes one after the other, workers run concurrently.
+``i % num_workers``; workers run concurrently, and so do the env instances inside a worker
+(below).
 
 Asynchronous interface (what the episode driver uses):
 
@@ -18,11 +19,21 @@ Asynchronous interface (what the episode driver uses):
     answers = pool.poll(timeout) # {episode: Observation | StepResult | EpisodeFailure}, as they come
     pool.end(i)                  # the caller is done with episode i (its env instance is free)
 
-A worker answers its requests in the order they came, so an episode waits only for the
-requests sent to its worker before its own; workers take new episodes by load (the fewest
-episodes holding an env), so a slow env delays only the few episodes sharing its worker.
-Size: for latency-bound envs (a JVM thinking, a user model answering) more workers than
-cores pay off, up to one per episode in flight; CPU-bound envs gain nothing past the cores.
+Workers take new episodes by load (the fewest episodes holding an env).
+
+Inside a worker, each env instance has a *lane*: a thread that serves that instance's requests
+in the order they came, while the other lanes serve theirs. So the requests of one episode stay
+in order, and envs that wait (a JVM thinking, a socket, a user model answering, a sleep) wait
+together: a slow env holds only its own episode, not its worker's. Answers go back over the
+worker's pipe one at a time (a lock). An env whose instances must not run at once in one
+process (`registry.EnvSpec.concurrent` false: ALFWorld, BFCL; or ``serial_envs=``) gets one
+lane per worker for all its instances: its episodes in that worker take turns, as every
+episode did before lanes.
+
+Sizing (``num_workers``, `envs.num_workers`): threads of one process share one core (Python's
+GIL), so for CPU-bound envs use about as many workers as cores; latency-bound envs no longer
+need one worker per episode: a few workers serve any number of waiting episodes. More workers
+still shrink what a hang or crash takes down (below) and spread env start-up (JVMs) over cores.
 
 Workers are ``spawn``-ed processes, each the leader of its own process group (so the JVMs or
 other children an env starts die with it). Inside a worker, env instances are created lazily
@@ -36,15 +47,21 @@ drops that episode from the batch. Causes (``kind``):
   resets) since the call started or since its previous answer;
 - ``"crash"``: the worker process died (killed, segfault, out of memory);
 - ``"lost"``: the episode lived in a worker that was killed or restarted because of another
-  episode (its env state is gone), reported in the same call when it was part of it, else at
-  the episode's next `step` / `call`;
+  episode (its env state is gone), reported in the same call when it was part of it (or, from
+  `poll`, at once when a request of it was in flight), else at the episode's next `step` / `call`;
 - ``"error"``: the env raised (e.g. `EnvError`); that env instance is discarded and rebuilt at
   the next reset, the worker keeps running.
 A timed-out or crashed worker is killed (its whole process group) and restarted; the rest of
 the batch completes. Failures are logged (`logging`) and counted in ``pool.stats``.
 
-Failures of asynchronous requests are the same, reported by `poll` (a request's silence is
-timed from when its worker starts on it).
+Failures of asynchronous requests are the same, reported by `poll`. A request's silence is
+timed from when its lane starts on it, so healthy episodes of a worker keep answering while
+one of its envs hangs, until that env's timeout. Then the whole worker is killed (its process
+group: an env stuck in C code or a JVM cannot be stopped alone): the hung request fails as
+``"timeout"``, every other request of that worker in flight as ``"lost"`` (at once), and its
+other episodes as ``"lost"`` at their next step. A crash fails every request of the worker in
+flight as ``"crash"`` (which env died is unknown). An env that raises discards only its own
+instance (``"error"``); its lane and the worker go on.
 
 `close()` (or leaving the ``with`` block) closes every env, ends the workers and kills what is
 left of their process groups. A pool is not thread-safe: drive it from one thread.
@@ -59,6 +76,7 @@ import logging
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
+import queue
 import signal
 import threading
 import time
@@ -72,6 +90,8 @@ from jaxscaffold.envs.base import EpisodeFailure, Observation, StepResult, Task
 logger = logging.getLogger(__name__)
 
 __all__ = ["EnvPool"]
+
+_LANE_CLOSE_S = 10.0  # how long a closing worker waits for its lanes to close their envs
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -98,8 +118,69 @@ def _watch_parent(parent_pid: int) -> None:
                 os._exit(1)
 
 
+class _Lane:
+    """A thread of a worker that serves, in the order they came, the requests of one env
+    instance, or of every instance of an env that is not safe to run concurrently
+    (`registry.EnvSpec.concurrent`). Lanes run at once, so a slow env holds only its own lane.
+    The lane owns its instances: it builds them, runs them, discards them and closes them."""
+
+    def __init__(self, build: Callable[[str], Any], send: Callable[[int, Any, Any], None]):
+        self._build, self._send = build, send
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()  # (op, episode, instance, payload); None ends
+        self._envs: dict[tuple[str, int], Any] = {}  # instance (env name, slot) -> env
+        self._holder: dict[tuple[str, int], int] = {}  # instance -> the episode it serves
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _discard(self, inst: tuple[str, int]) -> None:
+        env = self._envs.pop(inst, None)
+        self._holder.pop(inst, None)
+        if env is not None:
+            try:
+                env.close()
+            except Exception:
+                pass
+
+    def _run(self, op: str, ep: int, inst: tuple[str, int], payload: Any) -> tuple[Any, Any]:
+        if op in ("reset", "open"):
+            if inst not in self._envs:
+                self._envs[inst] = self._build(inst[0])
+            self._holder[inst] = ep  # the instance's previous episode has ended
+            return True, self._envs[inst].reset(payload)
+        if self._holder.get(inst) != ep:
+            raise LookupError(f"episode {ep} holds no env here (discarded after an error, or reused)")
+        env = self._envs[inst]
+        if op == "step":
+            return True, env.step(payload)
+        if op == "call":
+            if payload not in getattr(type(env), "POOL_METHODS", ()):
+                return None, f"{type(env).__name__}.{payload} is not in POOL_METHODS"
+            return True, getattr(env, payload)()
+        raise ValueError(f"unknown op {op!r}")
+
+    def _serve(self) -> None:
+        try:
+            while (request := self.requests.get()) is not None:
+                op, ep, inst, payload = request
+                try:
+                    ok, value = self._run(op, ep, inst, payload)
+                except Exception as e:  # reported as an EpisodeFailure("error")
+                    logger.debug("env error in %s of episode %d:\n%s", op, ep, traceback.format_exc())
+                    self._discard(inst)
+                    ok, value = False, f"{type(e).__name__}: {e}"
+                try:  # send pickles the whole message before writing, so a failure leaves the pipe clean
+                    self._send(ep, ok, value)
+                except Exception as e:  # an env result that cannot be pickled: an error, with its cause
+                    self._discard(inst)
+                    self._send(ep, False, f"{op} returned a {type(value).__name__} that cannot be "
+                                          f"sent from the worker ({type(e).__name__}: {e})")
+        finally:
+            for inst in list(self._envs):
+                self._discard(inst)
+
+
 def _worker_main(conn, factories: Mapping[str, Any], env_kwargs: Mapping[str, Mapping],
-                 parent_pid: int) -> None:
+                 serial: frozenset[str], parent_pid: int) -> None:
     try:
         os.setpgrp()  # own process group: the pool kills the worker and its JVMs together
     except OSError:
@@ -108,30 +189,25 @@ def _worker_main(conn, factories: Mapping[str, Any], env_kwargs: Mapping[str, Ma
     # terminate() (e.g. multiprocessing's exit handler): take the JVMs down too
     signal.signal(signal.SIGTERM, lambda *_: os.killpg(os.getpgrp(), signal.SIGKILL))
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
-    slots: dict[str, list[Any]] = collections.defaultdict(list)  # env name -> instances
-    episodes: dict[int, Any] = {}  # episode index -> its instance (current reset)
+    send_lock = threading.Lock()
 
-    def discard(ep: int) -> None:
-        env = episodes.pop(ep, None)
-        for insts in slots.values():
-            for j, inst in enumerate(insts):
-                if inst is env and env is not None:
-                    insts[j] = None
-        if env is not None:
-            try:
-                env.close()
-            except Exception:
-                pass
+    def send(ep: int, ok: Any, value: Any) -> None:
+        with send_lock:  # lanes answer from their own threads: one message at a time
+            conn.send(("item", ep, ok, value))
 
-    def instance(name: str, j: int):
-        insts = slots[name]
-        while len(insts) <= j:
-            insts.append(None)
-        if insts[j] is None:
-            if name not in factories:
-                raise KeyError(f"no env factory registered for {name!r}")
-            insts[j] = _resolve(factories[name])(**dict(env_kwargs.get(name, {})))
-        return insts[j]
+    def build(name: str):
+        if name not in factories:
+            raise KeyError(f"no env factory registered for {name!r}")
+        return _resolve(factories[name])(**dict(env_kwargs.get(name, {})))
+
+    lanes: dict[tuple[str, int | None], _Lane] = {}
+    route: dict[int, tuple[str, int]] = {}  # episode -> its env instance (env name, slot)
+
+    def lane(inst: tuple[str, int]) -> _Lane:
+        key = (inst[0], None) if inst[0] in serial else inst  # a serial env: one lane for all its instances
+        if key not in lanes:
+            lanes[key] = _Lane(build, send)
+        return lanes[key]
 
     try:
         while True:
@@ -141,57 +217,28 @@ def _worker_main(conn, factories: Mapping[str, Any], env_kwargs: Mapping[str, Ma
                 break
             if op == "close":
                 break
-            if op == "reset":
-                episodes.clear()
+            if op == "reset":  # a batch: episodes take this worker's instances of their env in order
+                route.clear()
                 used: dict[str, int] = collections.Counter()
             for ep, payload in items:
-                try:
-                    if op == "reset":
-                        task: Task = payload
-                        j = used[task.env]
-                        used[task.env] += 1
-                        env = instance(task.env, j)
-                        episodes[ep] = env
-                        value = env.reset(task)
-                    elif op == "open":  # asynchronous: one episode into the instance the pool chose
-                        task, j = payload
-                        env = instance(task.env, j)
-                        for other in [k for k, e in episodes.items() if e is env]:
-                            del episodes[other]  # that instance's previous episode has ended
-                        episodes[ep] = env
-                        value = env.reset(task)
-                    elif op == "step":
-                        value = episodes[ep].step(payload)
-                    elif op == "call":
-                        env = episodes[ep]
-                        if payload not in getattr(type(env), "POOL_METHODS", ()):
-                            conn.send(("item", ep, None,
-                                       f"{type(env).__name__}.{payload} is not in POOL_METHODS"))
-                            continue
-                        value = getattr(env, payload)()
-                    else:
-                        raise ValueError(f"unknown op {op!r}")
-                    ok = True
-                except Exception as e:  # reported as an EpisodeFailure("error")
-                    value = f"{type(e).__name__}: {e}"
-                    logger.debug("env error in %s of episode %d:\n%s", op, ep,
-                                 traceback.format_exc())
-                    discard(ep)
-                    ok = False
-                try:  # send pickles the whole message before writing, so a failure leaves the pipe clean
-                    conn.send(("item", ep, ok, value))
-                except Exception as e:  # an env result that cannot be pickled: an error, with its cause
-                    discard(ep)
-                    conn.send(("item", ep, False, f"{op} returned a {type(value).__name__} that cannot be "
-                                                  f"sent from the worker ({type(e).__name__}: {e})"))
+                if op == "reset":
+                    route[ep] = (payload.env, used[payload.env])
+                    used[payload.env] += 1
+                elif op == "open":  # asynchronous: one episode into the instance the pool chose
+                    task, j = payload
+                    for other in [k for k, inst in route.items() if inst == (task.env, j)]:
+                        del route[other]  # that instance's previous episode has ended
+                    route[ep], payload = (task.env, j), task
+                elif ep not in route:
+                    send(ep, False, f"episode {ep} holds no env in this worker")
+                    continue
+                lane(route[ep]).requests.put((op, ep, route[ep], payload))
     finally:
-        for insts in slots.values():
-            for env in insts:
-                if env is not None:
-                    try:
-                        env.close()
-                    except Exception:
-                        pass
+        for ln in lanes.values():  # each lane closes its own envs once its requests are done
+            ln.requests.put(None)
+        deadline = time.monotonic() + _LANE_CLOSE_S
+        for ln in lanes.values():  # a hung lane is left to the pool, which kills the process group
+            ln.thread.join(timeout=max(0.0, deadline - time.monotonic()))
         try:
             conn.close()
         except Exception:
@@ -273,19 +320,22 @@ class EnvPool:
     Args:
       num_workers: worker processes (started now; JVMs etc. start at the first reset).
       step_timeout_s: longest silence of a worker during `step` / `call` before it is killed
-        (per episode: the clock restarts at each episode the worker answers).
+        (per episode: the clock restarts at each episode the worker answers; asynchronously,
+        per request, from when its env's lane starts on it).
       reset_timeout_s: the same for `reset` (first resets start JVMs: allow more).
       env_kwargs: env name -> keyword arguments of its constructor.
       factories: extra or overriding entries of the registry's import paths (import path or picklable
         callable).
       close_timeout_s: how long `close` waits for workers to close their envs before killing.
+      serial_envs: env names whose instances must not run at once in one worker, besides the
+        registry's (`EnvSpec.concurrent` false): a worker serves those one request at a time.
     """
 
     def __init__(self, num_workers: int, *, step_timeout_s: float = 60.0,
                  reset_timeout_s: float = 180.0,
                  env_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                  factories: Mapping[str, str | Callable[..., Any]] | None = None,
-                 close_timeout_s: float = 15.0):
+                 close_timeout_s: float = 15.0, serial_envs: Iterable[str] = ()):
         if num_workers < 1:
             raise ValueError("num_workers must be >= 1")
         self.num_workers = int(num_workers)
@@ -294,16 +344,19 @@ class EnvPool:
         self.close_timeout_s = float(close_timeout_s)
         self._factories = {**registry.import_paths(), **(factories or {})}
         self._env_kwargs = {k: dict(v) for k, v in (env_kwargs or {}).items()}
+        self._serial = frozenset({n for n, s in registry.ENVS.items() if not s.concurrent} | set(serial_envs))
         self._ctx = mp.get_context("spawn")
         self._workers: list[_Worker] = []
         self._episodes: list[_Episode] = []
         self._generation = 0
         self.stats: collections.Counter[str] = collections.Counter()
-        # The asynchronous interface's state (`open`): requests in flight per worker (in the
-        # order the worker answers them), its silence deadline, answers not yet polled, env
-        # instances held per (worker, env name), and the offset of this batch's episode keys.
-        self._inflight: dict[int, collections.deque] = {}
-        self._deadline: dict[int, float] = {}
+        # The asynchronous interface's state (`open`): requests in flight per worker
+        # ((episode, op, lane)), per lane of a worker (a lane answers in order: see `_lane`)
+        # and the silence deadline of each lane's first, answers not yet polled, env instances
+        # held per (worker, env name), and the offset of this batch's episode keys.
+        self._inflight: dict[int, list[tuple[int, str, tuple]]] = {}
+        self._lanes: dict[tuple, collections.deque] = {}
+        self._deadline: dict[tuple, float] = {}
         self._ready: dict[int, Any] = {}
         self._held: dict[tuple[int, str], set[int]] = collections.defaultdict(set)
         self._key_base = 0
@@ -359,15 +412,15 @@ class EnvPool:
         episodes to end. Answers come from `poll`."""
         self._check_open()
         self._ensure_alive()
-        for w, queue in self._inflight.items():
-            if queue:  # answers of the previous batch still due: that worker's state is unknown
+        for w, requests in self._inflight.items():
+            if requests:  # answers of the previous batch still due: that worker's state is unknown
                 self._restart(w, "lost", "a new batch opened while it was busy", "", {}, {}, others="lost")
         for ep in self._episodes:
             ep.status = "done" if ep.status == "active" else ep.status
         self._key_base += len(self._episodes) + 1  # keys of the previous batch's stray answers never match
         self._episodes = [_Episode(task=t, worker=-1, generation=-1) for t in tasks]
-        self._inflight = {w.index: collections.deque() for w in self._workers}
-        self._deadline, self._ready = {}, {}
+        self._inflight = {w.index: [] for w in self._workers}
+        self._lanes, self._deadline, self._ready = {}, {}, {}
         self._held.clear()
 
     def submit_reset(self, i: int) -> None:
@@ -421,15 +474,14 @@ class EnvPool:
             for w in dead:
                 self._restart_async(w, "crash", f"worker process died (exit code {self._workers[w].proc.exitcode})")
             now = time.monotonic()
-            for w in [w for w, q in self._inflight.items() if q and self._deadline[w] <= now]:
-                op = self._inflight[w][0][1]
-                timeout = self.reset_timeout_s if op == "open" else self.step_timeout_s
-                self._restart_async(w, "timeout", f"no answer within {timeout:.1f}s during {op}")
+            expired = [lane for lane, q in self._lanes.items() if q and self._deadline[lane] <= now]
+            for w in sorted({lane[0] for lane in expired}):
+                self._restart_async(w, "timeout", hung={self._lanes[lane][0] for lane in expired if lane[0] == w})
             busy = [w for w, q in self._inflight.items() if q]
             if self._ready or not busy or (until is not None and now >= until):
                 out, self._ready = self._ready, {}
                 return out
-            wait_s = min(self._deadline[w] for w in busy) - now
+            wait_s = min(self._deadline[lane] for lane, q in self._lanes.items() if q) - now
             if until is not None:
                 wait_s = min(wait_s, until - now)
             mpc.wait([*(self._workers[w].conn for w in busy), *(self._workers[w].proc.sentinel for w in busy)],
@@ -473,7 +525,7 @@ class EnvPool:
         parent_conn, child_conn = self._ctx.Pipe(duplex=True)
         proc = self._ctx.Process(
             target=_worker_main, name=f"envpool-worker-{index}", daemon=True,
-            args=(child_conn, self._factories, self._env_kwargs, os.getpid()))
+            args=(child_conn, self._factories, self._env_kwargs, self._serial, os.getpid()))
         proc.start()
         child_conn.close()
         return _Worker(index=index, proc=proc, conn=parent_conn, generation=self._generation)
@@ -503,11 +555,19 @@ class EnvPool:
         results.update(self._run(op, per_worker, timeout_s))
         return results
 
+    def _lane(self, i: int) -> tuple:
+        """The lane of the worker that serves episode i's requests, as the worker keys it: its
+        env instance, or its env's one lane there if that env is serial."""
+        ep = self._episodes[i]
+        return (ep.worker, ep.task.env, None if ep.task.env in self._serial else ep.instance)
+
     def _send(self, w: int, i: int, op: str, payload: Any) -> None:
-        queue = self._inflight[w]
-        if not queue:  # the worker starts on it now: its silence is timed from here
-            self._deadline[w] = time.monotonic() + (self.reset_timeout_s if op == "open" else self.step_timeout_s)
-        queue.append((i, op))
+        lane = self._lane(i)
+        requests = self._lanes.setdefault(lane, collections.deque())
+        if not requests:  # the lane starts on it now: its silence is timed from here
+            self._deadline[lane] = time.monotonic() + self._timeout(op)
+        requests.append((i, op))
+        self._inflight[w].append((i, op, lane))
         try:
             self._workers[w].conn.send((op, [(self._key_base + i, payload)]))
         except (OSError, EOFError, ValueError) as e:
@@ -519,21 +579,24 @@ class EnvPool:
             self._held[(ep.worker, ep.task.env)].discard(ep.instance)
             ep.instance = None
 
+    def _timeout(self, op: str) -> float:
+        return self.reset_timeout_s if op == "open" else self.step_timeout_s
+
     def _drain_async(self, w: int) -> bool:
         """Reads every answer a worker has ready (asynchronous API). False if its pipe broke."""
-        conn, queue = self._workers[w].conn, self._inflight[w]
+        conn, inflight = self._workers[w].conn, self._inflight[w]
         try:
-            while queue and conn.poll():
+            while inflight and conn.poll():
                 kind, key, ok, value = conn.recv()
                 i = key - self._key_base
-                ops = {j: op for j, op in queue}
-                if kind != "item" or i not in ops:
+                request = next((r for r in inflight if r[0] == i), None)
+                if kind != "item" or request is None:
                     continue  # a previous batch's answer
-                queue.remove((i, ops[i]))
-                if queue:  # the worker moves on to its next request
-                    op = queue[0][1]
-                    self._deadline[w] = time.monotonic() + (self.reset_timeout_s if op == "open"
-                                                            else self.step_timeout_s)
+                inflight.remove(request)
+                lane = self._lanes[request[2]]
+                lane.remove(request[:2])  # its lane's first: a lane answers in order
+                if lane:  # the lane moves on to its next request
+                    self._deadline[request[2]] = time.monotonic() + self._timeout(lane[0][1])
                 if ok:
                     self._ready[i] = value
                     if isinstance(value, StepResult) and value.done:
@@ -547,11 +610,25 @@ class EnvPool:
             return False
         return True
 
-    def _restart_async(self, w: int, kind: str, reason: str) -> None:
-        """Restarts worker w (asynchronous API): its requests in flight fail as `kind`, its
-        other episodes are lost (reported now if answered but not polled, else at their next step)."""
-        pending = {w: {i for i, _ in self._inflight[w]}}
+    def _restart_async(self, w: int, kind: str, reason: str = "",
+                       hung: set[tuple[int, str]] | None = None) -> None:
+        """Restarts worker w (asynchronous API). A crash fails its requests in flight as
+        "crash" (which of them died is unknown). A timeout fails the `hung` requests ((episode,
+        op), each its lane's first) as "timeout" and every other request in flight, healthy
+        but gone with the worker, as "lost". Its other episodes are lost (reported now if
+        answered but not polled, else at their next step)."""
+        if kind == "timeout":
+            i, op = min(hung)
+            reason = f"episode {i} gave no answer within {self._timeout(op):.1f}s during {op}"
+            pending = {w: {i for i, _ in hung}}
+            for i in sorted({i for i, _, _ in self._inflight[w]} - pending[w]):
+                if self._episodes[i].status == "active":
+                    self._fail(i, "lost", f"worker {w} was restarted ({kind}: {reason})", self._ready)
+        else:
+            pending = {w: {i for i, _, _ in self._inflight[w]}}
         self._inflight[w].clear()
+        for lane in [lane for lane in self._lanes if lane[0] == w]:
+            del self._lanes[lane], self._deadline[lane]
         self._restart(w, kind, reason, "step", self._ready, pending)
         for key in [k for k in self._held if k[0] == w]:
             del self._held[key]  # the new worker holds no instance

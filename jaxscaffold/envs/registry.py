@@ -25,14 +25,14 @@ ENVS: dict[str, EnvSpec] = {m.SPEC.name: m.SPEC for m in (
 
 def register(spec: EnvSpec | str, module: str | None = None, env_class: str | None = None, *,
              catalogue: str = "catalogue", splits: tuple[str, ...] | None = None, extra: str | None = None,
-             system_prompt: str | None = None) -> EnvSpec:
+             system_prompt: str | None = None, concurrent: bool = True) -> EnvSpec:
     """Adds (or replaces) an environment: `register(EnvSpec(...))`, or the same fields as
     arguments (`register(name, module, env_class, splits=..., ...)`). A config file can call it
     before returning its config; pool workers construct the env from its import path. Its
     feedback forms, if any, are `feedback.enrichers.register_feedback`'s."""
     if not isinstance(spec, EnvSpec):
         spec = EnvSpec(spec, module, env_class, catalogue=catalogue, splits=None if splits is None else tuple(splits),
-                       extra=extra, system_prompt=system_prompt)
+                       extra=extra, system_prompt=system_prompt, concurrent=concurrent)
     if not spec.name.isidentifier():
         raise ValueError(f"environment name {spec.name!r} must be an identifier (it is a metric and task-spec key)")
     ENVS[spec.name] = spec

@@ -77,6 +77,8 @@ LEVEL_SPLITS = {"official": ("train", "dev", "test"), "L0": ("train", "test"),
            "L1": ("train", "test"), "L2": ("train", "test")}
 # "L1/test": a level and its split; a bare split is the default level L0's (the FEE reference
 # code's lists).
+# Concurrent in a pool worker: each instance drives its own JVM through its own py4j gateway
+# (JVM launches take `_launch_lock`).
 SPEC = EnvSpec(ENV_NAME, __name__, "ScienceWorldEnv", splits=LEVEL_SPLITS["L0"], split_groups=LEVEL_SPLITS,
                group_label="level", extra="envs")
 # The split files ship with the package (data/sciworld/SOURCE.md: provenance);

@@ -199,7 +199,9 @@ class TimedCalls:
 
 def own_seconds_per_call(calls: list[tuple[float, int]], workers: int) -> float:
     """An env's own seconds per reset or step, from lock-step calls of n episodes on `workers`
-    workers that each serve their share one after the other: sum(wall x min(workers, n)) / sum(n)."""
+    workers that each serve their share one after the other: sum(wall x min(workers, n)) / sum(n).
+    An env whose instances run concurrently in a worker (`EnvSpec.concurrent`) serves every
+    episode at once: pass the episode count as `workers`."""
     episodes = sum(n for _, n in calls)
     return sum(dt * min(workers, n) for dt, n in calls) / episodes if episodes else 0.0
 
@@ -244,7 +246,7 @@ def rollouts(args) -> None:
 
 def _rollouts(args, out: str) -> None:
     from jaxscaffold import config as config_lib
-    from jaxscaffold.envs import latency
+    from jaxscaffold.envs import latency, registry
     from jaxscaffold.train.job import build_job
     from jaxscaffold.train.workloads.env_rl import EnvWorkload
 
@@ -300,7 +302,8 @@ def _rollouts(args, out: str) -> None:
     else:
         decode = busy
         turn = busy / max(lock.turns, 1)
-        per_call = own_seconds_per_call(clock.calls, args.workers)
+        concurrent = registry.spec(args.env).concurrent  # a worker's instances step at once
+        per_call = own_seconds_per_call(clock.calls, len(lock.episodes) if concurrent else args.workers)
         chains = [chain_s(len(e.actions), per_call * (len(e.actions) + 1), turn)  # + 1: its reset
                   for e in lock.episodes if e.failure is None]
     bound = bound_s(decode, chains)

@@ -45,19 +45,23 @@ def test_tau2_users_are_served_by_the_configured_model(workers):
     server = envs.server
     try:
         assert server.config == model_config.tiny(compute_dtype="float32") and (server.max_len, server.slots) == (2048, 2)
-        before = sum(server.batch_sizes.values())
+        before = sum(size * n for size, n in server.batch_sizes.items())  # requests served
         obs = envs.reset(tasks)
         assert all(isinstance(o, Observation) for o in obs), obs
-        assert sum(server.batch_sizes.values()) == before + 2  # one user turn per episode, here
+        assert sum(size * n for size, n in server.batch_sizes.items()) == before + 2  # one user turn per episode, here
         # Each opening is the configured model's reply to tau2's user prompt for that task, at
         # the configured temperature, within max_tokens (request 1 was the warm-up; then the
-        # episodes' requests in order, each seeded by its number as the server does).
-        for number, (task, o) in enumerate(zip(tasks, obs), start=2):
+        # episodes' requests, each seeded by its number as the server does: 2 and 3, in the
+        # order they arrived, which a pool worker's concurrent env instances do not fix).
+        def reply(task, number):
             ref = server.reply({"messages": user_prompt(task), "temperature": 1.0, "max_tokens": 12,
                                 "seed": number})
             assert ref["usage"]["completion_tokens"] <= 12
-            assert o.text == ref["choices"][0]["message"]["content"] and o.text
-            assert o.privileged["has_user"] and not o.privileged["solo"]
+            return ref["choices"][0]["message"]["content"]
+
+        refs = {number: [reply(task, number) for task in tasks] for number in (2, 3)}
+        assert [o.text for o in obs] in ([refs[2][0], refs[3][1]], [refs[3][0], refs[2][1]])
+        assert all(o.text and o.privileged["has_user"] and not o.privileged["solo"] for o in obs)
         url = server.base_url
     finally:
         envs.close()
