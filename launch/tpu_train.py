@@ -77,13 +77,30 @@ def main(argv: list[str]) -> None:
         sys.exit(1)
     hist = result["history"]
     if hist:
-        last = hist[-1]
-        # RL reports the train reward, SFT (no rollouts) its loss
-        trained = (f"last train reward {last['rollout/reward']:.3f}" if "rollout/reward" in last
-                   else f"last train loss {last.get('train/loss', float('nan')):.3f}")
-        print(f"\n[done] step {last['step']}; {trained}; "
-              f"curves in {os.path.join(cfg.out_dir, 'curves.png')}, eval peaks and finals in "
-              f"{os.path.join(cfg.out_dir, 'results.json')}")
+        print(f"\n{summary_line(hist, cfg.out_dir)}")
+
+
+def summary_line(history: list[dict], out_dir: str) -> str:
+    """The run's last line: the step reached, the last train reward (SFT: loss), each headline
+    eval metric from its first evaluation to its last (a fresh run's first is before training:
+    what was learned), and where the curves and results are."""
+    from jaxscaffold.train.logger import headline_keys
+    last = history[-1]
+    # RL reports the train reward, SFT (no rollouts) its loss
+    trained = (f"last train reward {last['rollout/reward']:.3f}" if "rollout/reward" in last
+               else f"last train loss {last.get('train/loss', float('nan')):.3f}")
+    keys = headline_keys({k: 0 for h in history for k in h})
+    if len(keys) == 2 and keys[0] == "eval/score":  # one env: its success is the score
+        keys = keys[1:]
+    evals = []
+    for key in keys:
+        pts = [(h["step"], h[key]) for h in history if key in h]
+        (s0, v0), (s1, v1) = pts[0], pts[-1]
+        label = key[len("eval/"):].replace("success_", "success on ")
+        evals.append(f"{label} {v0:.3f} (step {s0}) -> {v1:.3f} (step {s1})" if s1 != s0 else f"{label} {v1:.3f}")
+    evaluated = f"; eval {', '.join(evals)}" if evals else ""
+    return (f"[done] step {last['step']}; {trained}{evaluated}; curves in {os.path.join(out_dir, 'curves.png')}, "
+            f"eval peaks and finals in {os.path.join(out_dir, 'results.json')}")
 
 
 if __name__ == "__main__":
