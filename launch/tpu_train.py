@@ -81,9 +81,9 @@ def main(argv: list[str]) -> None:
 
 
 def summary_line(history: list[dict], out_dir: str) -> str:
-    """The run's last line: the step reached, the last train reward (SFT: loss), each headline
-    eval metric from its first evaluation to its last (a fresh run's first is before training:
-    what was learned), and where the curves and results are."""
+    """The run's last line: the step reached, the last train reward (SFT: loss), the headline
+    eval metrics and the eval reward from the first evaluation to the last (a fresh run's first
+    is before training: what was learned), and where the curves and results are."""
     from jaxscaffold.train.logger import headline_keys
     last = history[-1]
     # RL reports the train reward, SFT (no rollouts) its loss
@@ -92,14 +92,16 @@ def summary_line(history: list[dict], out_dir: str) -> str:
     keys = headline_keys({k: 0 for h in history for k in h})
     if len(keys) == 2 and keys[0] == "eval/score":  # one env: its success is the score
         keys = keys[1:]
-    evals = []
-    for key in keys:
-        pts = [(h["step"], h[key]) for h in history if key in h]
-        (s0, v0), (s1, v1) = pts[0], pts[-1]
-        label = key[len("eval/"):].replace("success_", "success on ")
-        evals.append(f"{label} {v0:.3f} (step {s0}) -> {v1:.3f} (step {s1})" if s1 != s0 else f"{label} {v1:.3f}")
-    evaluated = f"; eval {', '.join(evals)}" if evals else ""
-    return (f"[done] step {last['step']}; {trained}{evaluated}; curves in {os.path.join(out_dir, 'curves.png')}, "
+    evaluated = [h for h in history if keys and keys[0] in h]
+    parts = []
+    for key in keys + ["eval/reward"]:
+        values = [h[key] for h in evaluated if key in h]
+        if values:
+            label = key[len("eval/"):].replace("success_", "success on ")
+            parts.append(f"{label} {values[0]:.3f} -> {values[-1]:.3f}" if len(values) > 1 else f"{label} {values[0]:.3f}")
+    steps = f" (step {evaluated[0]['step']} -> {evaluated[-1]['step']})" if len(evaluated) > 1 else ""
+    evals = f"; eval{steps}: {', '.join(parts)}" if parts else ""
+    return (f"[done] step {last['step']}; {trained}{evals}; curves in {os.path.join(out_dir, 'curves.png')}, "
             f"eval peaks and finals in {os.path.join(out_dir, 'results.json')}")
 
 
