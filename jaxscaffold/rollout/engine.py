@@ -295,12 +295,7 @@ class Sampler:
             cache=cache,
             logits_BV=jnp.zeros((self.batch_size, c.vocab_size), jnp.float32))
         shardings = self.programs.state_shardings()
-        if shardings is None:
-            # Committed to the device it is on, as every state a call returns is: jit keys its
-            # executables on commitment too, so a fresh (uncommitted) state would compile each
-            # program once more (the tiny demo's second step: ~20 s of recompiling on CPU).
-            return jax.device_put(state, state.logits_BV.sharding)
-        return jax.device_put(state, shardings)
+        return state if shardings is None else jax.device_put(state, shardings)
 
     def lengths(self, state: SamplerState) -> np.ndarray:
         """Tokens held by each slot (one small device-to-host copy)."""

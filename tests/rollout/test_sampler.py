@@ -275,28 +275,6 @@ def test_compilations_are_bounded_in_a_multi_turn_run(model, layout):
     assert sum(again.values()) == 0, again
 
 
-def test_a_fresh_state_runs_the_programs_a_used_one_compiled(model):
-    """Each rollout batch starts from `init_state()`; on one device without a mesh that state
-    must be committed like the states calls return, or jit compiles every program once more
-    for it (the tiny demo's second step recompiled its prefill and decode: ~20 s on CPU)."""
-    config, params = model
-    params = jax.device_put(params, jax.devices()[0])  # committed, as a training state's are
-    sampler = Sampler(config, batch_size=2, max_len=64, sampling=SamplingConfig(temperature=1.0),
-                      stop_ids=STOP + (VOCAB - 2,), cache_dtype="float32", prefill_buckets=(8, 32))  # stop ids of this test only
-    prompts = {0: [11, 12, 13], 1: [14, 15]}  # the 8-token prefill, first run on a used state
-    used = sampler.release(sampler.extend(params, sampler.init_state(), {0: list(range(20, 40)), 1: [9]}), [0, 1])
-    sampler.generate(params, sampler.extend(params, used, prompts), [0, 1], max_new_tokens=4, seeds=[0, 1])
-    compiles = []
-    listener = lambda event, duration, **kw: compiles.append(kw) if event.endswith("backend_compile_duration") else None  # noqa: E731
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        state = sampler.extend(params, sampler.init_state(), prompts)
-        sampler.generate(params, state, [0, 1], max_new_tokens=4, seeds=[0, 1])
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-    assert compiles == [], compiles
-
-
 def test_context_overflow_is_a_clear_error(model):
     from jaxscaffold.rollout.engine import ContextOverflow
     config, params = model
