@@ -53,7 +53,7 @@ def get_config():
     c.rollout.enable_thinking = False
     c.envs.train = "letters"
     c.envs.eval = "letters:test:8"  # env:split:n tasks: the task it trains, held out
-    c.envs.num_workers = 0  # in this process: a worker's episodes arrive in uneven waves, each new row count a compile (steps 2 and 4: +18 s each)
+    c.envs.num_workers = 0  # in this process: a worker's episodes arrive in uneven waves, and each new row count compiles (measured: +18-20 s at step 2, in one run also at step 4)
     c.feedback.schedule = "none"
     c.eval.every = 10  # evaluations at 0, 10, 20 and 30: the rise (measured: about step 20) shows
     c.eval.tasks = 0  # no cap: the counts of envs.eval
