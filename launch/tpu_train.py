@@ -77,13 +77,32 @@ def main(argv: list[str]) -> None:
         sys.exit(1)
     hist = result["history"]
     if hist:
-        last = hist[-1]
-        # RL reports the train reward, SFT (no rollouts) its loss
-        trained = (f"last train reward {last['rollout/reward']:.3f}" if "rollout/reward" in last
-                   else f"last train loss {last.get('train/loss', float('nan')):.3f}")
-        print(f"\n[done] step {last['step']}; {trained}; "
-              f"curves in {os.path.join(cfg.out_dir, 'curves.png')}, eval peaks and finals in "
-              f"{os.path.join(cfg.out_dir, 'results.json')}")
+        print(f"\n{summary_line(hist, cfg.out_dir)}")
+
+
+def summary_line(history: list[dict], out_dir: str) -> str:
+    """The run's last line: the step reached, the last train reward (SFT: loss), the headline
+    eval metrics and the eval reward from the first evaluation to the last (a fresh run's first
+    is before training: what was learned), and where the curves and results are."""
+    from jaxscaffold.train.logger import headline_keys
+    last = history[-1]
+    # RL reports the train reward, SFT (no rollouts) its loss
+    trained = (f"last train reward {last['rollout/reward']:.3f}" if "rollout/reward" in last
+               else f"last train loss {last.get('train/loss', float('nan')):.3f}")
+    keys = headline_keys({k: 0 for h in history for k in h})
+    if len(keys) == 2 and keys[0] == "eval/score":  # one env: its success is the score
+        keys = keys[1:]
+    evaluated = [h for h in history if keys and keys[0] in h]
+    parts = []
+    for key in keys + ["eval/reward"]:
+        values = [h[key] for h in evaluated if key in h]
+        if values:
+            label = key[len("eval/"):].replace("success_", "success on ")
+            parts.append(f"{label} {values[0]:.3f} -> {values[-1]:.3f}" if len(values) > 1 else f"{label} {values[0]:.3f}")
+    steps = f" (step {evaluated[0]['step']} -> {evaluated[-1]['step']})" if len(evaluated) > 1 else ""
+    evals = f"; eval{steps}: {', '.join(parts)}" if parts else ""
+    return (f"[done] step {last['step']}; {trained}{evals}; curves in {os.path.join(out_dir, 'curves.png')}, "
+            f"eval peaks and finals in {os.path.join(out_dir, 'results.json')}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """The README, as a user reads it: every file and link it names exists, it stays short, and its
-runnable block (`<!-- run -->`) runs as written from a fresh directory, each command in turn
-(training shortened to a couple of steps), in an out_dir of its own so that it runs after the
-demo (`runs/tiny`) and in any order."""
+runnable block (`<!-- run -->`) runs as written, each command in turn (training shortened to a
+couple of steps), in an out_dir of its own so that it runs after the demo (`runs/tiny`) and in
+any order. The run itself (`run_the_runnable_block`) happens in
+`tests/train/test_trainer.py::test_embedded_default_smoke`, in the working directory where the
+demo has just run: the suite trains the embedded default once."""
 
 from __future__ import annotations
 
@@ -11,8 +13,6 @@ import re
 import shlex
 import subprocess
 import sys
-
-import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
@@ -43,17 +43,20 @@ def test_the_runnable_block_trains_in_its_own_out_dir():
     assert out_dirs and all(m and m.group(1) != "runs/tiny" for m in out_dirs)  # not the demo's
 
 
-@pytest.mark.slow
-def test_the_runnable_block_runs_as_written(tmp_path):
-    for name in ("launch", "configs"):  # the checkout's root, where the README's commands run
-        os.symlink(os.path.join(ROOT, name), tmp_path / name)
+def run_the_runnable_block(workdir) -> None:
+    """Runs the README's runnable block as written in `workdir`, a checkout's root (its
+    `launch/` and `configs/` linked there), where the demo may have run: each command must
+    succeed and write what the block says."""
+    for name in ("launch", "configs"):
+        os.symlink(os.path.join(ROOT, name), os.path.join(workdir, name))
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
     env["XLA_FLAGS"] = os.environ.get("JAXSCAFFOLD_TEST_XLA_FLAGS", "")  # one device, the tests' compile flags
     for command in runnable_commands():
         argv = shlex.split(command)[1:] + (QUICK if "tpu_train.py" in command else [])
-        out = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True,
+        out = subprocess.run([sys.executable, *argv], cwd=workdir, env=env, capture_output=True, text=True,
                              timeout=1200)
         assert out.returncode == 0, f"{command}\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
-    run = tmp_path / "runs" / "readme_tiny"
-    assert json.load(open(run / "results.json"))["step"] == 2 and (run / "curves.png").exists()
-    assert (tmp_path / "runs" / "readme_tiny_hf" / "config.json").exists()
+    run = os.path.join(workdir, "runs", "readme_tiny")
+    assert json.load(open(os.path.join(run, "results.json")))["step"] == 2
+    assert os.path.exists(os.path.join(run, "curves.png"))
+    assert os.path.exists(os.path.join(workdir, "runs", "readme_tiny_hf", "config.json"))

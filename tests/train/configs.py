@@ -39,7 +39,6 @@ def tiny_config(out_dir, *, real_eval: bool = False, **overrides):
     cfg.mesh.devices = 1
     cfg.eval.at_start = False  # no step-0 evaluation: tests that want one ask for it
     cfg.checkpoint.keep = 3  # the base's: resume and fallback tests need earlier checkpoints (the demo keeps 1)
-    cfg.envs.env_kwargs = ""  # the envs' own defaults (the demo lowers letters' win share for display)
     if not real_eval:
         cfg.envs.eval, cfg.eval.tasks, cfg.eval.max_len = "letters", 4, 0
     apply_overrides(cfg, overrides)

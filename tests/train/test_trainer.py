@@ -10,17 +10,22 @@ import pytest
 
 from jaxscaffold.train.trainer import train
 from jaxscaffold.train.workloads.env_rl import EnvWorkload
-from tests.train.configs import tiny_config
+from tests.test_readme import run_the_runnable_block
+from tests.train.configs import load_config, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow
 def test_embedded_default_smoke(tmp_path):
     """The embedded default, smaller: letters training, and evaluation on letters and real
-    ScienceWorld and BFCL tasks through the env pool, as configs/tiny.py's docstring shows."""
+    ScienceWorld and BFCL tasks through the env pool, as configs/tiny.py's docstring shows. It
+    writes to the demo's own out_dir (runs/tiny) in a working directory, where the README's
+    runnable block then runs as written: an example that reused the demo's out_dir would fail."""
+    run = tmp_path / load_config("tiny").out_dir
     real = {"envs.eval": "letters:test:8,sciworld:test:2,bfcl:validation:2", "eval.max_len": 4096}  # as tiny.py says
-    out = train(tiny_config(tmp_path, real_eval=True, steps=4, **{"eval.every": 4, "checkpoint.every": 2,
-                                                                 "envs.num_workers": 1, "mesh.devices": 0, **real}))
+    out = train(tiny_config(run, real_eval=True, steps=4, **{"eval.every": 4, "checkpoint.every": 2,
+                                                            "envs.num_workers": 1, "mesh.devices": 0, **real}))
     assert len(jax.tree.leaves(out["state"].params)[0].sharding.device_set) == jax.device_count() == 8
     hist = out["history"]
     assert [h["step"] for h in hist] == [1, 2, 3, 4]
@@ -28,9 +33,12 @@ def test_embedded_default_smoke(tmp_path):
     assert {"eval/success_letters", "eval/success_sciworld", "eval/success_bfcl"} <= hist[3].keys()
     for key in ("rollout/reward", "train/entropy", "train/clipfrac_upper", "time/rollout_s", "time/train_s"):
         assert all(np.isfinite(h[key]) for h in hist), key
-    assert (tmp_path / "curves.png").stat().st_size > 1000
-    assert os.listdir(tmp_path / "tb")
-    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 4
+    assert (run / "curves.png").stat().st_size > 1000
+    assert os.listdir(run / "tb")
+    metrics = (run / "metrics.jsonl").read_text()
+    assert len(metrics.splitlines()) == 4
+    run_the_runnable_block(tmp_path)  # after the demo, in its working directory
+    assert (run / "metrics.jsonl").read_text() == metrics  # the demo's run untouched
 
 
 def test_checkpoint_without_its_keys_falls_back_to_the_previous_one(tmp_path, caplog):
