@@ -15,6 +15,7 @@ from tests.train.configs import tiny_config
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow
 def test_embedded_default_smoke(tmp_path):
     """The embedded default, smaller: letters training, and evaluation on letters and real
     ScienceWorld and BFCL tasks through the env pool, as configs/tiny.py's docstring shows."""
@@ -33,6 +34,7 @@ def test_embedded_default_smoke(tmp_path):
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 4
 
 
+@pytest.mark.slow
 def test_checkpoint_without_its_keys_falls_back_to_the_previous_one(tmp_path, caplog):
     """A checkpoint whose JSON lacks what resuming needs (written before the workload state
     existed, or damaged) is skipped like an unreadable one: the run resumes from the previous
