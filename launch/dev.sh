@@ -39,11 +39,12 @@ if [ -n "$tcmalloc" ] && [ -z "${JAXSCAFFOLD_NO_TCMALLOC:-}" ]; then
 fi
 case "$job" in
   demo) exec .venv/bin/python launch/tpu_train.py --config tiny.py "$@" ;;
-  # -v: a line per test, naming its module, as it finishes (-q printed dots only)
-  test) exec .venv/bin/python -m pytest -v -n 2 --durations=40 "$@" ;;
+  # -v: a line per test, naming its module, as it finishes (-q printed dots only). worksteal: a
+  # worker that runs out takes tests from the other's queue (tests/conftest.py orders them)
+  test) exec .venv/bin/python -m pytest -v -n 2 --dist worksteal --durations=40 "$@" ;;
   test-quick)
     mapfile -t quick < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' tests/quick_suite.txt | grep -v '^$')
-    exec .venv/bin/python -m pytest -v -n 2 --durations=10 "${quick[@]}" "$@" ;;
+    exec .venv/bin/python -m pytest -v -n 2 --dist worksteal --durations=10 "${quick[@]}" "$@" ;;
   bench) exec .venv/bin/python launch/bench.py "$@" ;;
   *) echo "usage: bash launch/dev.sh {demo|test|test-quick|bench} [args]" >&2; exit 2 ;;
 esac

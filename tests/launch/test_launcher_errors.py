@@ -77,7 +77,7 @@ def test_a_study_with_a_missing_base_model_is_one_line(tmp_path):
 def test_plan_search_says_why_it_stopped():
     cmd = [sys.executable, os.path.join(ROOT, "launch", "plan.py"), "--config", "tiny.py", "--devices", "2",
            "--search", "--json"]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = {**os.environ, "XLA_FLAGS": os.environ["JAXSCAFFOLD_TEST_XLA_FLAGS"]}  # (plan.py adds its devices)
     fits = subprocess.run(cmd + ["--hbm-gb", "16"], capture_output=True, text=True, env=env, timeout=600)
     assert fits.returncode == 0, fits.stderr[-2000:]
     assert json.loads(fits.stdout.splitlines()[-1])["search"] == "the train phase fits with rl.micro_batches=1"

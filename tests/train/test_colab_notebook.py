@@ -126,7 +126,7 @@ def test_the_colab_config_fits_one_16gb_chip():
     cfg = config_lib.from_configdict(load_config("colab"))
     assert cfg.lora.rank > 0 and cfg.envs.train == "sciworld" and 0 < cfg.feedback.switch_step < cfg.steps
     assert cfg.rollout.max_turns > 5  # OE's late episode steps (6-10) are reached
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = {**os.environ, "XLA_FLAGS": os.environ["JAXSCAFFOLD_TEST_XLA_FLAGS"]}  # (plan.py adds its devices)
     out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "plan.py"), "--config", "colab.py",
                           "--devices", "1", "--hbm-gb", "16", "--json"],
                          capture_output=True, text=True, env=env, timeout=600)

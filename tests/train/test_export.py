@@ -25,6 +25,7 @@ def _dir_bytes(path) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
+@pytest.mark.slow
 def test_streaming_export_peak_memory_is_under_a_shard_file(tmp_path):
     """An 8-layer Qwen3 of 84M random parameters (335 MB in f32: its embedding and head alone
     155 MB each) saved with Adam moments as the trainer saves, exported into 128 MiB shards in
@@ -60,6 +61,7 @@ def test_streaming_export_peak_memory_is_under_a_shard_file(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=str(path))
 
 
+@pytest.mark.slow
 def test_params_only_checkpoints_export_at_end_and_a_refused_resume(tmp_path):
     """checkpoint.params_only_every=1: out_dir/params holds every step's parameters without the
     optimizer state (about 1/3 of a full checkpoint); a resume redoes and saves again the

@@ -34,7 +34,7 @@ def test_the_verdict_is_launch_plans(tmp_path):
     result = memory_check.check_fits(cfg, jax.devices()[:1])
     out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "plan.py"), "--config", "tiny.py", *TINY,
                           "--devices", "1", "--hbm-gb", "2", "--json"], capture_output=True, text=True, timeout=300,
-                         env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"})
+                         env={**os.environ, "XLA_FLAGS": os.environ["JAXSCAFFOLD_TEST_XLA_FLAGS"]})  # + plan's devices
     printed = json.loads(out.stdout.strip().splitlines()[-1])
     assert out.returncode == 0 and printed["fits"] and result.fits()
     for key in ("params", "opt_state", "kv_cache", "sampler_weights"):  # exact byte counts

@@ -63,7 +63,7 @@ def test_worst_case_batch():
 @pytest.mark.slow
 def test_plan_cli_prints_json_and_exits_by_the_verdict():
     cmd = [sys.executable, os.path.join(ROOT, "launch", "plan.py"), "--config", "tiny.py", "--devices", "2", "--json"]
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
+    env = {**os.environ, "XLA_FLAGS": os.environ["JAXSCAFFOLD_TEST_XLA_FLAGS"]}  # (plan.py adds its devices)
     out = subprocess.run(cmd + ["--hbm-gb", "16"], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout.strip().splitlines()[-1])

@@ -29,6 +29,7 @@ def _launch(out_dir, *args):
                           timeout=600, env={**os.environ, "PYTHONPATH": ROOT})
 
 
+@pytest.mark.slow
 def test_a_quick_run_is_quiet_summarises_itself_and_refuses_a_changed_resume(tmp_path):
     out = _launch(tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -41,6 +41,7 @@ def test_embedded_default_smoke(tmp_path):
     assert (run / "metrics.jsonl").read_text() == metrics  # the demo's run untouched
 
 
+@pytest.mark.slow
 def test_checkpoint_without_its_keys_falls_back_to_the_previous_one(tmp_path, caplog):
     """A checkpoint whose JSON lacks what resuming needs (written before the workload state
     existed, or damaged) is skipped like an unreadable one: the run resumes from the previous

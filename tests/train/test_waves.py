@@ -39,6 +39,7 @@ def _run(tmp_path, rows):
     return collected, sizes, [h["train/loss"] for h in hist]
 
 
+@pytest.mark.slow
 @pytest.mark.default_emitters  # a row samples bitwise alike at any batch size (tests/rollout/test_batch_invariance.py)
 def test_waves_sample_and_train_as_one_pass(tmp_path):
     one, one_sizes, one_loss = _run(tmp_path / "one", 0)
