@@ -452,11 +452,13 @@ class Sampler:
 
     def prefill_calls(self, new: Mapping[int, int], lengths: np.ndarray) -> list[list[int]]:
         """The calls that prefill `new[slot]` tokens in each slot (held: `lengths[slot]`): one
-        call, or (where a prefill gathers its rows, per_layer) the rows split by their width bucket into
-        the calls that cost least. A call costs about row bucket x width x window (its tokens
+        call, or (where a prefill gathers its rows, per_layer) the cheapest calls of rows split
+        by their width bucket, each run of rows in one call or in pieces of row-bucket size
+        (12 rows: 8 + 4 rather than 16). A call costs about batch x width x window (its tokens
         and their attention, per row) plus a fixed part (dispatch, gather and write-back, a few
         ms on CPU: about one 128-token row over a 128 window), so a long first prompt no longer
-        pads the short observations it is prefilled with to its width."""
+        pads the short observations it is prefilled with to its width, nor 9 rows pay for 16.
+        Pieces reuse the row buckets' programs: no new shapes to compile."""
         slots = sorted(new, key=lambda slot: new[slot])
         # every call on all slots: one is cheapest; the stacked layout: rows alike only unsplit
         if len(self.prefill_row_buckets) == 1 or self.layout != "per_layer" or not slots:
@@ -470,11 +472,21 @@ class Sampler:
             width, window = self._prefill_shape({slot: new[slot] for slot in call}, lengths)
             return self._prefill_batch(len(call), width) * width * window + 128 * 128
 
-        # best[j]: the cheapest calls for groups[:j], each call a run of neighbouring groups
+        def cheapest(rows: list[int]) -> tuple[int, list[list[int]]]:
+            """One call, or pieces of the largest row buckets that fit (rows by their window)."""
+            rows = sorted(rows, key=lambda slot: int(lengths[slot]) + new[slot])
+            pieces, rest = [], rows
+            while rest:
+                size = max([b for b in self.prefill_row_buckets if b <= len(rest)] or [len(rest)])
+                pieces.append(rest[:size])
+                rest = rest[size:]
+            return min(((cost(rows), [rows]), (sum(map(cost, pieces)), pieces)), key=lambda x: x[0])
+
+        # best[j]: the cheapest calls for groups[:j], each a run of neighbouring groups
         best: list[tuple[int, list[list[int]]]] = [(0, [])]
         for j in range(1, len(groups) + 1):
-            best.append(min(((best[i][0] + cost(call), best[i][1] + [call])
-                             for i in range(j) for call in [sum(groups[i:j], [])]), key=lambda x: x[0]))
+            best.append(min(((best[i][0] + c, best[i][1] + calls)
+                             for i in range(j) for c, calls in [cheapest(sum(groups[i:j], []))]), key=lambda x: x[0]))
         return best[-1][1]
 
     def _take_pages(self, grow: Mapping[int, tuple[int, int]]) -> None:
