@@ -243,6 +243,11 @@ class Sampler:
     also work, converted inside every call (a copy of the weights each time).
     """
 
+    # A prefill call's fixed cost in `prefill_calls`' units (rows x width x window): about what a
+    # 64-token row over a 1024 window costs, 5-15 ms on a loaded CPU (the tiny model, measured),
+    # so a call is split only where that saves more than a call's dispatch and row gathering.
+    prefill_call_cost = 64 * 1024
+
     def __init__(self, config: Qwen3Config, *, batch_size: int, max_len: int,
                  stop_ids: Sequence[int], sampling: SamplingConfig = SamplingConfig(),
                  cache_dtype: str = "bfloat16", mesh=None, rules: ShardingRules = DEFAULT_RULES,
@@ -455,8 +460,8 @@ class Sampler:
         call, or (where a prefill gathers its rows, per_layer) the cheapest calls of rows split
         by their width bucket, each run of rows in one call or in pieces of row-bucket size
         (12 rows: 8 + 4 rather than 16). A call costs about batch x width x window (its tokens
-        and their attention, per row) plus a fixed part (dispatch, gather and write-back, a few
-        ms on CPU: about one 128-token row over a 128 window), so a long first prompt no longer
+        and their attention, per row) plus `prefill_call_cost` (dispatch, gather and write-back:
+        5-15 ms on a loaded CPU), so a long first prompt no longer
         pads the short observations it is prefilled with to its width, nor 9 rows pay for 16.
         Pieces reuse the row buckets' programs: no new shapes to compile."""
         slots = sorted(new, key=lambda slot: new[slot])
@@ -470,7 +475,7 @@ class Sampler:
 
         def cost(call: list[int]) -> int:
             width, window = self._prefill_shape({slot: new[slot] for slot in call}, lengths)
-            return self._prefill_batch(len(call), width) * width * window + 128 * 128
+            return self._prefill_batch(len(call), width) * width * window + self.prefill_call_cost
 
         def cheapest(rows: list[int]) -> tuple[int, list[list[int]]]:
             """One call, or pieces of the largest row buckets that fit (rows by their window)."""

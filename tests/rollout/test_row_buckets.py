@@ -86,15 +86,15 @@ def test_row_buckets_default_and_checks():
 
 
 def _call_cost(sampler, new, lengths, call):
-    """A call's cost as `prefill_calls` documents it: batch x width x window + one 128-token row
-    over a 128 window, the batch at least 2 rows and 64 tokens (below all 16 slots)."""
+    """A call's cost as `prefill_calls` documents it: batch x width x window + the fixed
+    `prefill_call_cost`, the batch at least 2 rows and 64 tokens (below all 16 slots)."""
     fit = lambda n, sizes: min(b for b in sizes if b >= n)  # noqa: E731
     width = fit(max(new[s] for s in call), sampler.prefill_buckets)
     window = fit(max(lengths[s] + new[s] for s in call), sampler.prefill_window_buckets)
     rows = fit(len(call), sampler.prefill_row_buckets)
     if rows < 16:
         rows = fit(max(rows, 2, -(-64 // width)), sampler.prefill_row_buckets)
-    return rows * width * window + 128 * 128
+    return rows * width * window + sampler.prefill_call_cost
 
 
 def test_prefill_calls_are_the_cheapest_split_by_width():
