@@ -26,7 +26,10 @@ free page for its next token ends its turn with finish_reason "pages" (counted i
 
 A call that serves few of the slots (a returning observation, a few rows still decoding)
 runs on those rows alone (`row_buckets`): they are gathered into a smaller batch, run, and
-written back, so its cost follows its rows, not the slots.
+written back, so its cost follows its rows, not the slots. A prefill goes further: it gathers
+down to two rows (`prefill_row_buckets`), and rows of very different lengths (a long first
+prompt, short observations) are prefilled in separate calls where that pads less
+(`prefill_calls`).
 
 Sampling keys are per row and per position: the token at absolute position p of a row with
 seed s is drawn with `fold_in(key(s), p)`, so a row is reproducible from its seed whatever
@@ -76,6 +79,7 @@ class SamplerState:
 
 
 _MIN_WINDOW = 128  # the smallest cache prefix a windowed call attends over
+_MIN_GATHERED_PREFILL = (2, 64)  # rows, tokens (rows x width): see `Sampler._prefill_batch`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -231,6 +235,13 @@ class SamplerOptions:
         written back); the last is batch_size, the whole batch in place. Default on an
         unsharded per_layer (CPU) sampler: 8, 16, 32, ... below batch_size (measured there:
         a call's cost follows its batch); else `(batch_size,)`, every call on all slots.
+      prefill_row_buckets: the same for a prefill (`extend`). Default on a per_layer sampler
+        whose `row_buckets` gather (more than one bucket): 2, 4, ... below its smallest too (a
+        prefill's cost follows its rows: each row is `width` tokens); else `row_buckets`. A
+        gathered prefill runs at least 2 rows and 64 tokens (`_prefill_batch`). More than one
+        bucket on a per_layer sampler: a prefill's rows are also split by width
+        (`prefill_calls`), where measured bitwise alike (the stacked layout rounds a row
+        differently in calls of other shapes on CPU).
       backend: a `jaxscaffold.backends` backend to decode with instead of the one `layout`
         and `kv_cache` choose (a test runs the TPU backend's kernels on CPU this way).
     """
@@ -246,6 +257,7 @@ class SamplerOptions:
     decode_buckets: Sequence[int] | None = None
     window_buckets: Sequence[int] | None = None
     row_buckets: Sequence[int] | None = None
+    prefill_row_buckets: Sequence[int] | None = None
     backend: Any = None
 
 
@@ -266,6 +278,11 @@ class Sampler:
     Parameters: pass `prepare(params)` (once per parameter update); stacked parameters
     also work, converted inside every call (a copy of the weights each time).
     """
+
+    # A prefill call's fixed cost in `prefill_calls`' units (rows x width x window): about what a
+    # 64-token row over a 1024 window costs, 5-15 ms on a loaded CPU (the tiny model, measured),
+    # so a call is split only where that saves more than a call's dispatch and row gathering.
+    prefill_call_cost = 64 * 1024
 
     def __init__(self, config: Qwen3Config, *, batch_size: int, max_len: int, stop_ids: Sequence[int],
                  options: SamplerOptions = SamplerOptions(), mesh=None, rules: ShardingRules = DEFAULT_RULES):
@@ -303,10 +320,17 @@ class Sampler:
         if row_buckets is None:
             row_buckets = buckets.ladder(8, batch_size) if mesh is None and self.layout == "per_layer" else (batch_size,)
         self.row_buckets = tuple(row_buckets)
-        if self.row_buckets[-1] != batch_size or list(self.row_buckets) != sorted(set(self.row_buckets)):
-            raise ValueError(f"row_buckets {self.row_buckets}: increasing, the last one batch_size={batch_size}")
-        if self.paged and self.row_buckets != (batch_size,):  # page tables are kept by slot
-            raise ValueError(f"row_buckets {self.row_buckets}: a paged sampler runs every call on all slots")
+        prefill_row_buckets = o.prefill_row_buckets
+        if prefill_row_buckets is None:
+            gathers = len(self.row_buckets) > 1 and self.layout == "per_layer"
+            below = buckets.ladder(_MIN_GATHERED_PREFILL[0], self.row_buckets[0])[:-1] if gathers else ()
+            prefill_row_buckets = below + self.row_buckets
+        self.prefill_row_buckets = tuple(prefill_row_buckets)
+        for name, sizes in (("row_buckets", self.row_buckets), ("prefill_row_buckets", self.prefill_row_buckets)):
+            if sizes[-1] != batch_size or list(sizes) != sorted(set(sizes)) or sizes[0] < 1:
+                raise ValueError(f"{name} {sizes}: increasing from 1 or more, the last one batch_size={batch_size}")
+            if self.paged and sizes != (batch_size,):  # page tables are kept by slot
+                raise ValueError(f"{name} {sizes}: a paged sampler runs every call on all slots")
         self.programs = Programs(config, o.sampling, tuple(int(i) for i in self.stop_ids), self.backend, mesh, rules)
 
     # ---------------------------------------------------------------- state
@@ -373,11 +397,12 @@ class Sampler:
         table = jnp.asarray(table) if shardings is None else jax.device_put(table, shardings.cache.table)
         return SamplerState(cache=state.cache._replace(table=table), logits_BV=state.logits_BV)
 
-    def _on_rows(self, state: SamplerState, slots: Sequence[int], lengths: np.ndarray, run):
-        """`run(state, slots, lengths)` on the fewest rows that hold `slots`: the whole state
-        when their row bucket is the batch, else a batch of those rows gathered (slot i of it:
-        slots[i]) and written back. Returns (the new state, what `run` returned besides it)."""
-        rows = _bucket(max(len(slots), 1), self.row_buckets, "a row count")
+    def _on_rows(self, state: SamplerState, slots: Sequence[int], lengths: np.ndarray, run, rows: int | None = None):
+        """`run(state, slots, lengths)` on `rows` rows (default: the fewest of `row_buckets`
+        that hold `slots`): the whole state when that is the batch, else a batch of those rows
+        gathered (slot i of it: slots[i]) and written back. Returns (the new state, what `run`
+        returned besides it)."""
+        rows = rows or _bucket(max(len(slots), 1), self.row_buckets, "a row count")
         if rows >= self.batch_size:
             return run(state, list(slots), lengths)
         index = np.full(rows, self.batch_size, np.int32)  # past the slots: padding rows, empty
@@ -434,9 +459,15 @@ class Sampler:
                     f"the cache of {self.max_len} (one slot is kept for the final token)")
         if self.paged:
             self._take_pages({slot: (int(lengths[slot]), len(toks)) for slot, toks in tokens.items()})
-        width = _bucket(longest, self.prefill_buckets, "a prefill")
-        window = self._window(max(int(lengths[slot]) + len(toks) for slot, toks in tokens.items()),
-                              self.prefill_window_buckets)
+        lengths = np.asarray(lengths)
+        for call in self.prefill_calls({slot: len(toks) for slot, toks in tokens.items()}, lengths):
+            state = self._prefill_rows(params, state, {slot: tokens[slot] for slot in call}, lengths)
+        return state
+
+    def _prefill_rows(self, params, state: SamplerState, tokens: Mapping[int, Sequence[int]],
+                      lengths: np.ndarray) -> SamplerState:
+        """One prefill call of `tokens` (checked by `extend`)."""
+        width, window = self._prefill_shape({slot: len(toks) for slot, toks in tokens.items()}, lengths)
         rows = list(tokens.values())
 
         def run(state, slots, lengths):
@@ -449,7 +480,65 @@ class Sampler:
             return _prefill(params, self._with_table(state), self._put(ids), self._put(seg), programs=self.programs,
                             window=window), None
 
-        return self._on_rows(state, list(tokens), np.asarray(lengths), run)[0]
+        return self._on_rows(state, list(tokens), lengths, run, self._prefill_batch(len(rows), width))[0]
+
+    def _prefill_batch(self, rows: int, width: int) -> int:
+        """The batch a prefill of `rows` rows `width` wide runs at: the smallest prefill row
+        bucket that holds them and, gathered, at least 2 rows and 64 tokens: XLA:CPU rounds a
+        prefill of one row, or of fewer tokens (rows x width), differently from the same rows
+        in a larger batch (measured with the test suite's flags), and a row's numbers must not
+        depend on its batch (`tests/rollout/test_row_buckets.py`)."""
+        least_rows, least_tokens = _MIN_GATHERED_PREFILL
+        batch = _bucket(max(rows, 1), self.prefill_row_buckets, "a row count")
+        if batch < self.batch_size:
+            need = min(max(batch, least_rows, -(-least_tokens // width)), self.batch_size)
+            batch = _bucket(need, self.prefill_row_buckets, "a row count")
+        return batch
+
+    def _prefill_shape(self, new: Mapping[int, int], lengths: np.ndarray) -> tuple[int, int]:
+        """(width, window) of one prefill call of `new[slot]` tokens in each slot."""
+        width = _bucket(max(max(new.values()), 1), self.prefill_buckets, "a prefill")
+        window = self._window(max(int(lengths[slot]) + n for slot, n in new.items()), self.prefill_window_buckets)
+        return width, window
+
+    def prefill_calls(self, new: Mapping[int, int], lengths: np.ndarray) -> list[list[int]]:
+        """The calls that prefill `new[slot]` tokens in each slot (held: `lengths[slot]`): one
+        call, or (where a prefill gathers its rows, per_layer) the cheapest calls of rows split
+        by their width bucket, each run of rows in one call or in pieces of row-bucket size
+        (12 rows: 8 + 4 rather than 16). A call costs about batch x width x window (its tokens
+        and their attention, per row) plus `prefill_call_cost` (dispatch, gather and write-back:
+        5-15 ms on a loaded CPU), so a long first prompt no longer
+        pads the short observations it is prefilled with to its width, nor 9 rows pay for 16.
+        Pieces reuse the row buckets' programs: no new shapes to compile."""
+        slots = sorted(new, key=lambda slot: new[slot])
+        # every call on all slots: one is cheapest; the stacked layout: rows alike only unsplit
+        if len(self.prefill_row_buckets) == 1 or self.layout != "per_layer" or not slots:
+            return [list(new)] if new else []
+        by_width: dict[int, list[int]] = {}
+        for slot in slots:
+            by_width.setdefault(_bucket(max(new[slot], 1), self.prefill_buckets, "a prefill"), []).append(slot)
+        groups = list(by_width.values())  # in increasing width
+
+        def cost(call: list[int]) -> int:
+            width, window = self._prefill_shape({slot: new[slot] for slot in call}, lengths)
+            return self._prefill_batch(len(call), width) * width * window + self.prefill_call_cost
+
+        def cheapest(rows: list[int]) -> tuple[int, list[list[int]]]:
+            """One call, or pieces of the largest row buckets that fit (rows by their window)."""
+            rows = sorted(rows, key=lambda slot: int(lengths[slot]) + new[slot])
+            pieces, rest = [], rows
+            while rest:
+                size = max([b for b in self.prefill_row_buckets if b <= len(rest)] or [len(rest)])
+                pieces.append(rest[:size])
+                rest = rest[size:]
+            return min(((cost(rows), [rows]), (sum(map(cost, pieces)), pieces)), key=lambda x: x[0])
+
+        # best[j]: the cheapest calls for groups[:j], each a run of neighbouring groups
+        best: list[tuple[int, list[list[int]]]] = [(0, [])]
+        for j in range(1, len(groups) + 1):
+            best.append(min(((best[i][0] + c, best[i][1] + calls)
+                             for i in range(j) for c, calls in [cheapest(sum(groups[i:j], []))]), key=lambda x: x[0]))
+        return best[-1][1]
 
     def _take_pages(self, grow: Mapping[int, tuple[int, int]]) -> None:
         """Pages for each slot (held tokens, new tokens) to hold both, or none taken and
