@@ -280,7 +280,7 @@ def report(embedder: Embedder, triples: Sequence[Triple], seed: int = 0) -> dict
 def distances_by_kind(embedder: Embedder, pairs: dict) -> dict:
     """{kind: `cosine_distances` of its pairs}, every kind's texts embedded in one batch: the
     real next states recur in every kind (as paraphrased, as near-missed, as echoed), and one
-    batch embeds each text once (a call per kind embedded them about nine times)."""
+    batch embeds each text once (a call per kind embedded one up to nine times)."""
     a = [text for first, _ in pairs.values() for text in first]
     b = [text for _, second in pairs.values() for text in second]
     flat = cosine_distances(embedder, a, b)
