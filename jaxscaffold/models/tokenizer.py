@@ -346,14 +346,32 @@ def cached_hf_tokenizer_dir(cache_root: str | os.PathLike | None = None) -> Path
 # ----------------------------------------------------------------------------- entry point
 
 
+# The last HF tokenizer loaded, by its directory's files: a run loads its tokenizer twice (the
+# preflight check, then the job), ~1.5 CPU-s each. One only: a process that trains many runs
+# (a test worker) would otherwise hold every one (tens of MB each).
+_last_hf: tuple[tuple, HFTokenizer] | None = None
+
+
+def _dir_state(path: str) -> tuple:
+    """The directory and its files' (name, size, mtime): a tokenizer rewritten in place differs."""
+    with os.scandir(path) as entries:
+        files = sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in entries if e.is_file())
+    return (os.path.realpath(path), tuple(files))
+
+
 def load_tokenizer(path: str | os.PathLike | None = None) -> Tokenizer:
-    """A local HF tokenizer/checkpoint dir -> `HFTokenizer`; None or "offline" -> `QwenOfflineTokenizer`."""
+    """A local HF tokenizer/checkpoint dir -> `HFTokenizer` (the last one loaded again when its
+    directory is unchanged); None or "offline" -> `QwenOfflineTokenizer`."""
+    global _last_hf
     if path is None or str(path) == "offline":
         return QwenOfflineTokenizer()
     if not os.path.isdir(path):
         raise FileNotFoundError(f"tokenizer directory not found: {path} "
                                 "(pass a local HF tokenizer dir, or None/'offline' for Qwen3's)")
-    return HFTokenizer(path)
+    state = _dir_state(str(path))
+    if _last_hf is None or _last_hf[0] != state:
+        _last_hf = (state, HFTokenizer(path))
+    return _last_hf[1]
 
 
 # Qwen3's chat template (Qwen/Qwen3-0.6B tokenizer_config.json, Apache-2.0), written into the

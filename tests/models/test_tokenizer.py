@@ -197,6 +197,23 @@ def test_load_tokenizer(hf_dir, tmp_path):
         load_tokenizer(missing)
 
 
+def test_load_tokenizer_reuses_the_last_one_until_its_directory_changes(hf_dir, tmp_path):
+    """A run's preflight and its job load one tokenizer: the second load is the first's object;
+    a directory rewritten in place loads afresh, with the new files' contents."""
+    import shutil
+    tok = tmp_path / "tok"
+    shutil.copytree(hf_dir, tok)
+    first = load_tokenizer(tok)
+    assert load_tokenizer(str(tok)) is first
+    config_file = tok / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**config, "model_max_length": 1234}))
+    again = load_tokenizer(tok)
+    assert again is not first and again.hf.model_max_length == 1234 != first.hf.model_max_length
+    load_tokenizer(hf_dir)  # another directory: now the only one kept (a test worker loads hundreds)
+    assert load_tokenizer(tok) is not again
+
+
 def test_ranks_file_is_qwens(offline):
     ranks = tk.load_bpe_ranks(tk.qwen_ranks_path())
     assert len(ranks) == 151643
