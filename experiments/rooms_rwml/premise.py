@@ -154,9 +154,12 @@ def main(argv: list[str]) -> int:
     from jaxscaffold.train.job import build_job
 
     cd = config_lib.load_file(config_lib.config_path("rwml_rooms.py", os.path.join(ROOT, "configs")))
-    results = json.load(open(args.out)) if os.path.exists(args.out) else {}
+    results = {}
+    if os.path.exists(args.out):  # a rerun measures only the steps not yet in it
+        with open(args.out) as f:
+            results = json.load(f)
     for run in args.runs:
-        base_dir = os.path.dirname(os.path.abspath(run))  # the build's export: its model for the job's shapes
+        base_dir = os.path.dirname(os.path.normpath(run))  # the build's export: its model for the job's shapes
         try:
             steps = sorted({*saved_steps(os.path.join(run, PARAMS_DIR)), find_params(run)[1]})
         except (CheckpointNotFound, OSError) as e:
