@@ -9,7 +9,10 @@ test-split layouts, which no warm-up trains on; `history_window` 1 as stage 1), 
 stage 1 does (the `lines` reward at `rwml.tau_d`: every line of the true next state right) and
 reports p_exact (the share of answers rewarded), the share of groups with mixed rewards and its
 Clopper-Pearson 95% interval, split also by whether the action leaves the state unchanged (the
-copy's only exact cases). docs/studies/rwml_premise.md reads the results.
+copy's only exact cases). It also reports, teacher-forced, each prompt's probability q that the
+sampler writes exactly the true answer (`exact_answer_logprobs`) and the mixed share that q
+implies (`expected_mixed_share`): smooth where G samples read 0. A rerun with the same --out
+measures only the steps not yet in it. docs/studies/rwml_premise.md reads the results.
 """
 
 from __future__ import annotations
