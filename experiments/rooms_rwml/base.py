@@ -22,6 +22,10 @@ entropy from 1.5 to 4.9 nats, so no arm could act (experiments/rooms_rwml/observ
 At the end the script prints a check on held-out (test split) prompts: the share of parsable
 `<next_state>` answers, greedy and sampled, and on policy prompts the first-token entropy and
 the greedy valid-action rate (`--warmup-steps 0` gives the moved rooms base's figures).
+`--targets next` answers the world-model rows with the true next state instead (a WM-SFT
+warm-up: not the study's base, whose arms would then all start from WM-SFT), and
+`--params-every N` keeps the parameters every N steps: experiments/rooms_rwml/premise.py reads
+them to measure RWML's premise along one build (docs/studies/rwml_premise.md).
 Every arm of experiments/rooms_rwml/study.py, policy RL alone included, starts from OUT_DIR
 (`model.hf_path`, `model.vocabulary=rooms_wm`).
 """
@@ -41,8 +45,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 
-def copy_triples(cfg, split: str, tasks: int, seed: int):
-    """Explorer triples of `tasks` tasks of `split` whose target is the current state."""
+def copy_triples(cfg, split: str, tasks: int, seed: int, *, copy: bool = True):
+    """Explorer triples of `tasks` tasks of `split` whose target is the current state (with
+    `copy=False`: the true next state, as stage 1 scores it)."""
     from jaxscaffold.train.envs import make_envs
     from jaxscaffold.train.tasks import load_tasks
     from jaxscaffold.train.workloads.world_model import explorer_trajectories
@@ -57,7 +62,7 @@ def copy_triples(cfg, split: str, tasks: int, seed: int):
         envs.close()
     triples = triples_lib.dedupe(t for e in episodes for t in triples_lib.from_trajectory(
         e.task.env, e.task.task_id, e.observations, e.actions))
-    return [dataclasses.replace(t, next_state=t.observation) for t in triples]
+    return [dataclasses.replace(t, next_state=t.observation) for t in triples] if copy else triples
 
 
 @functools.lru_cache(maxsize=None)
@@ -109,13 +114,15 @@ class WarmUp:
         rooms_base_module().restore_rng(self.rng, state["rng"])
 
 
-def warm_up_overrides(out_dir: str, *, steps: int, lr: float) -> list[str]:
+def warm_up_overrides(out_dir: str, *, steps: int, lr: float, params_every: int = 0) -> list[str]:
     """The stage-1 config turned into the warm-up's `sft` job: `steps` steps of constant-lr AdamW
     without decay from the model in out_dir, no evaluation, the result exported over it (the
-    run itself in out_dir/run)."""
+    run itself in out_dir/run; with `params_every`, its parameters also kept every N steps in
+    out_dir/run/params, all of them, for a curve along one build: experiments/rooms_rwml/premise.py)."""
     return ["job=sft", f"steps={steps}", f"rl.lr={lr}", "rl.weight_decay=0.0", "rl.warmup_steps=0",
             "rl.lr_schedule=constant", "eval.every=0", f"out_dir={os.path.join(out_dir, 'run')}",
-            f"checkpoint.every={steps}", "export.at_end=True", f"export.dir={out_dir}"]
+            f"checkpoint.every={steps}", f"checkpoint.params_only_every={params_every}",
+            "checkpoint.params_only_keep=0", "export.at_end=True", f"export.dir={out_dir}"]
 
 
 def warm_up(cfg, triples, *, batch: int, policy_share: float, seed: int):
@@ -214,13 +221,18 @@ def main(argv: list[str]) -> int:
     p.add_argument("--policy-share", type=float, default=0.5, help="share of each batch that is policy episodes")
     p.add_argument("--copy-tasks", type=int, default=512,
                    help="train layouts the copy triples come from (the last N; 512: all of them)")
+    p.add_argument("--targets", choices=("copy", "next"), default="copy",
+                   help="the world-model rows' answers: the current state (copy, the study's base: no dynamics "
+                        "taught) or the true next state (next: a WM-SFT warm-up, for experiments/rooms_rwml/premise.py)")
+    p.add_argument("--params-every", type=int, default=0,
+                   help="also keep the parameters every N warm-up steps (out_dir/run/params; 0: only the end)")
     p.add_argument("--no-check", action="store_true", help="skip the held-out check at the end")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if (args.warmup_steps < 0 or args.batch < 1 or not args.lr > 0 or not 0 <= args.policy_share < 1
-            or args.copy_tasks < 1):
-        print("error: --warmup-steps must be >= 0, --batch >= 1, --lr > 0, --policy-share in [0, 1) "
-              "and --copy-tasks >= 1",
+            or args.copy_tasks < 1 or args.params_every < 0):
+        print("error: --warmup-steps must be >= 0, --batch >= 1, --lr > 0, --policy-share in [0, 1), "
+              "--copy-tasks >= 1 and --params-every >= 0",
               file=sys.stderr)
         return 2
 
@@ -246,12 +258,12 @@ def main(argv: list[str]) -> int:
     stage1 = [f"model.hf_path={args.out_dir}", f"seed={args.seed}", "mesh.devices=1"]
     cfg = config_lib.from_configdict(config_lib.parse_overrides(cd, stage1))
     if args.warmup_steps:
-        triples = copy_triples(cfg, "train", args.copy_tasks, args.seed)
-        overrides = warm_up_overrides(args.out_dir, steps=args.warmup_steps, lr=args.lr)
+        triples = copy_triples(cfg, "train", args.copy_tasks, args.seed, copy=args.targets == "copy")
+        overrides = warm_up_overrides(args.out_dir, steps=args.warmup_steps, lr=args.lr, params_every=args.params_every)
         warm_up(config_lib.from_configdict(config_lib.parse_overrides(cd, stage1 + overrides)), triples,
                 batch=args.batch, policy_share=args.policy_share, seed=args.seed)
         print(f"wrote {args.out_dir}: {args.warmup_steps} warm-up steps ({args.policy_share:.0%} policy rows) "
-              f"on {len(triples)} copy triples", flush=True)
+              f"on {len(triples)} {args.targets} triples", flush=True)
     if not args.no_check:
         job, state = build_job(cfg)  # the model as written to out_dir
         heldout = copy_triples(cfg, "test", 8, args.seed + 1)[:32]

@@ -84,6 +84,17 @@ def test_copy_triples_come_from_as_many_train_layouts_as_asked_and_copy_the_stat
     assert all(t.next_state == t.observation for t in few + more)
 
 
+def test_true_next_state_triples_are_the_env_transitions_the_copies_replace():
+    # --targets next (experiments/rooms_rwml/premise.py's warm-up): the same transitions, true targets.
+    script, cfg = _script(), _rwml_rooms_config()
+    copies, true = script.copy_triples(cfg, "train", 3, 0), script.copy_triples(cfg, "train", 3, 0, copy=False)
+    assert [(t.observation, t.action) for t in copies] == [(t.observation, t.action) for t in true]
+    assert any(t.next_state != t.observation for t in true)
+    env, task = rooms.RoomsEnv(), {t.task_id: t for t in rooms.catalogue("train")}[true[0].task_id]
+    assert env.reset(task).text.strip() == true[0].observation.strip()
+    assert env.step(true[0].action).observation.text.strip() == true[0].next_state.strip()
+
+
 def test_bad_copy_tasks_is_a_one_line_error(capsys):
     assert _script().main(["unused_base", "unused_out", "--copy-tasks", "0"]) == 2
     assert "--copy-tasks" in capsys.readouterr().err
