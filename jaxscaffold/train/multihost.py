@@ -175,7 +175,9 @@ def sampler_params(params, sampler):
     them is a collective."""
     if sampler.mesh is not None:
         if jax.process_count() > 1:
-            if all(x.is_fully_addressable for x in jax.tree.leaves(params)) and _on(params, sampler.mesh):
+            target = param_shardings(sampler.config, sampler.mesh, sampler.rules)
+            if all(x.is_fully_addressable and x.sharding.is_equivalent_to(s, x.ndim)
+                   for x, s in zip(jax.tree.leaves(params), jax.tree.leaves(target), strict=True)):
                 return params
             if getattr(_thread, "channel", None) is not None:
                 raise RuntimeError("sampler_params: converting the training parameters is a collective, which a "

@@ -106,6 +106,16 @@ if num_processes > 1:
     # Partial rollouts with DAPO: the collector's thread decides after each generation batch on
     # every process's groups (gathers over the key-value store) while a newer version may
     # arrive mid-episode; where it arrives depends on timing, so no one-process equality.
+    class Unmarked(EnvWorkload):  # a collect that may issue device collectives of its own
+        collects_off_main_thread = False
+
+    refused = ""
+    try:
+        train(tiny_config(os.path.join(out, "refused"), steps=1, **{
+            "rollout.tasks_per_step": 4, "envs.train": "coin", "eval.every": 0, "mesh.devices": 0,
+            "rollout.sampler_devices": 1, "rollout.max_staleness": 1}), workload=Unmarked)
+    except ValueError as e:
+        refused = str(e)
     ran.clear()
     cfg = tiny_config(os.path.join(out, "partial"), steps=3, **{
         "rl.algorithm": "dapo", "rollout.tasks_per_step": 4, "rollout.group_size": 4,
@@ -117,4 +127,4 @@ if num_processes > 1:
     for step, group, _, _, success in ran:  # the kept episodes' success by group
         won.setdefault(f"{step}/{group}", []).append(success)
     with open(os.path.join(out, f"process{process_id}_partial.json"), "w") as f:
-        json.dump({"history": result["history"], "won": won}, f)
+        json.dump({"history": result["history"], "won": won, "refused": refused}, f)

@@ -175,7 +175,8 @@ def test_two_process_staleness_matches_one_process(loop_runs):
     Partial rollouts with DAPO (two processes only; where a newer version arrives depends on
     timing): the run completes, the processes' mid-collect decisions agree (every process logs
     the same gathered metrics and trains on mixed-success groups) and every sampled token is
-    counted under a version within the bound."""
+    counted under a version within the bound. A workload whose collect is not declared safe off
+    the main thread is refused with k > 0 on several processes."""
     _, (_, (run_one,)), (_, runs_two) = loop_runs
     stale_one = run_one["stale"]
     ran = sorted(map(tuple, runs_two[0]["stale"]["ran"] + runs_two[1]["stale"]["ran"]))
@@ -194,6 +195,8 @@ def test_two_process_staleness_matches_one_process(loop_runs):
                     np.testing.assert_allclose(h_two[k], v, rtol=1e-5, atol=1e-7, err_msg=f"stale: {k}")
 
     partial = [run["partial"] for run in runs_two]
+    # A workload that does not declare its collect safe off the main thread is refused there.
+    assert all("Unmarked workload's collect may issue device collectives" in p["refused"] for p in partial)
     no_time = lambda h: {k: v for k, v in h.items() if not k.startswith("time/")}  # noqa: E731
     assert [no_time(h) for h in partial[0]["history"]] == [no_time(h) for h in partial[1]["history"]]
     assert len(partial[0]["history"]) == 3
