@@ -39,6 +39,9 @@ def process_share(n: int) -> range:
     return range(p * n // count, (p + 1) * n // count)
 
 
+_thread = threading.local()  # `channel`: this thread's StoreGather inside `gathers_over_store`
+
+
 def allgather_json(obj) -> list:
     """Every process's JSON-serialisable `obj`, in process order, on every process (a
     collective: every process must call it, in the same order; inside `gathers_over_store`,
@@ -69,11 +72,8 @@ def summed_over_processes(counts: dict[str, float]) -> dict[str, float]:
     return total
 
 
-_thread = threading.local()  # `channel`: this thread's StoreGather inside `gathers_over_store`
-
-
 @contextlib.contextmanager
-def gathers_over_store(channel: "StoreGather"):
+def gathers_over_store(channel: StoreGather):
     """In this block this thread's `allgather_json` gathers over `channel` instead of device
     collectives (and `sampler_params` refuses to issue one), so it never interleaves with the
     collectives of the main thread."""
