@@ -2,8 +2,8 @@
 real loop (rollouts with a learned feedback schedule, checkpoints, evaluation) on the toy `coin`
 env, 2 CPU devices in all, split over `num_processes` processes, for each variant in turn: full
 fine-tuning, LoRA (rollouts with the merged parameters), bounded staleness (rollout.max_staleness
-= 1: rollouts in the collector's thread) and, on several processes, DAPO and DAPO with partial
-rollouts. Writes its histories and the episodes it ran; process 0 also the final parameters
+= 1: rollouts in the collector's thread) and, on several processes, DAPO and a refused staleness
+run. Writes its histories and the episodes it ran; process 0 also the final parameters
 (LoRA: the adapters) and the logs."""
 
 import json
@@ -103,9 +103,6 @@ with open(os.path.join(out, f"process{process_id}_stale.json"), "w") as f:
     json.dump({"history": result["history"], "ran": ran}, f)
 
 if num_processes > 1:
-    # Partial rollouts with DAPO: the collector's thread decides after each generation batch on
-    # every process's groups (gathers over the key-value store) while a newer version may
-    # arrive mid-episode; where it arrives depends on timing, so no one-process equality.
     class Unmarked(EnvWorkload):  # a collect that may issue device collectives of its own
         collects_off_main_thread = False
 
@@ -116,15 +113,5 @@ if num_processes > 1:
             "rollout.sampler_devices": 1, "rollout.max_staleness": 1}), workload=Unmarked)
     except ValueError as e:
         refused = str(e)
-    ran.clear()
-    cfg = tiny_config(os.path.join(out, "partial"), steps=3, **{
-        "rl.algorithm": "dapo", "rollout.tasks_per_step": 4, "rollout.group_size": 4,
-        "rollout.max_turns": 3, "rollout.max_len": 256, "envs.train": "coin", "envs.eval": "coin",
-        "eval.every": 0, "checkpoint.every": 3, "mesh.devices": 0, "rollout.sampler_devices": 1,
-        "rollout.max_staleness": 1, "rollout.partial": True, "rollout.decode_chunk": 2})
-    result = train(cfg, workload=Recording)
-    won = {}
-    for step, group, _, _, success in ran:  # the kept episodes' success by group
-        won.setdefault(f"{step}/{group}", []).append(success)
-    with open(os.path.join(out, f"process{process_id}_partial.json"), "w") as f:
-        json.dump({"history": result["history"], "won": won, "refused": refused}, f)
+    with open(os.path.join(out, f"process{process_id}_refused.json"), "w") as f:
+        json.dump({"refused": refused}, f)

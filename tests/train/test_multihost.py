@@ -73,12 +73,12 @@ LOOP_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihos
 def _run_loop(n, out):
     """(final parameters, each process's runs) of `n` processes of the loop worker; a run:
     {"history", "ran", "lora": {"history", "adapters" (process 0)}, "stale", "dapo" and
-    "partial" (n > 1)}."""
+    "refused" (n > 1)}."""
     os.makedirs(out, exist_ok=True)
-    _start(LOOP_WORKER, n, out, exact=True, timeout=1500)  # full, LoRA, stale and (n > 1) DAPO, partial runs
+    _start(LOOP_WORKER, n, out, exact=True, timeout=1500)  # full, LoRA, stale and (n > 1) DAPO, refused runs
     runs = [json.load(open(os.path.join(out, f"process{i}.json"))) for i in range(n)]
     for i, run in enumerate(runs):
-        for variant in ("lora", "stale") + (("dapo", "partial") if n > 1 else ()):
+        for variant in ("lora", "stale") + (("dapo", "refused") if n > 1 else ()):
             run[variant] = json.load(open(os.path.join(out, f"process{i}_{variant}.json")))
     runs[0]["lora"]["adapters"] = dict(np.load(os.path.join(out, "adapters.npz")))
     return dict(np.load(os.path.join(out, "params.npz"))), runs
@@ -172,11 +172,8 @@ def test_two_process_staleness_matches_one_process(loop_runs):
     one-process episodes and log its metrics (to f32 rounding, as above), evaluation pausing
     the collector at step 2.
 
-    Partial rollouts with DAPO (two processes only; where a newer version arrives depends on
-    timing): the run completes, the processes' mid-collect decisions agree (every process logs
-    the same gathered metrics and trains on mixed-success groups) and every sampled token is
-    counted under a version within the bound. A workload whose collect is not declared safe off
-    the main thread is refused with k > 0 on several processes."""
+    A workload whose collect is not declared safe off the main thread is refused with k > 0
+    on several processes."""
     _, (_, (run_one,)), (_, runs_two) = loop_runs
     stale_one = run_one["stale"]
     ran = sorted(map(tuple, runs_two[0]["stale"]["ran"] + runs_two[1]["stale"]["ran"]))
@@ -194,17 +191,6 @@ def test_two_process_staleness_matches_one_process(loop_runs):
                 elif not k.startswith("time/"):
                     np.testing.assert_allclose(h_two[k], v, rtol=1e-5, atol=1e-7, err_msg=f"stale: {k}")
 
-    partial = [run["partial"] for run in runs_two]
     # A workload that does not declare its collect safe off the main thread is refused there.
-    assert all("Unmarked workload's collect may issue device collectives" in p["refused"] for p in partial)
-    no_time = lambda h: {k: v for k, v in h.items() if not k.startswith("time/")}  # noqa: E731
-    assert [no_time(h) for h in partial[0]["history"]] == [no_time(h) for h in partial[1]["history"]]
-    assert len(partial[0]["history"]) == 3
-    for h in partial[0]["history"]:
-        trained = 4 * 4  # tasks x group size: DAPO's full batch
-        assert h["rollout/staleness_0"] + h["rollout/staleness_1"] == trained and h["rollout/stale_dropped_rows"] == 0
-        assert not any(k.startswith("rollout/token_staleness_") and k[-1] not in "01" for k in h)
-        assert h["rollout/token_staleness_0"] + h["rollout/token_staleness_1"] > 0
-        assert 0 <= h["rollout/mixed_version_rows"] <= h["rollout/staleness_1"]
-        kept = {g: w for d in partial for g, w in d["won"].items() if g.startswith(f"{h['step']}/")}
-        assert len(kept) == 4 and all(len(set(w)) == 2 for w in kept.values())
+    assert all("Unmarked workload's collect may issue device collectives" in run["refused"]["refused"]
+               for run in runs_two)
