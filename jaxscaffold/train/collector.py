@@ -21,13 +21,28 @@ What the thread shares with the trainer, and how it stays consistent:
   half-collected future step, so a resumed run collects again from the checkpoint's step;
 - the environments: `paused()` holds the collector between two collects while the trainer
   evaluates on the same environment pool.
-Several processes are not supported with k > 0 (their gathers inside `collect` would
-interleave with the trainer's): the trainer refuses them.
+
+Several processes (a pod of hosts): the collectors of all processes collect the same steps in
+the same order, each its share of the groups, and the thread must never issue a device
+collective (one process's thread and main thread would issue theirs in a different order than
+another's, which deadlocks or mixes their data). So:
+- parameters: the main thread converts every version it hands over (the initial one, then each
+  `publish`, at the same point of the loop on every process) to the samplers' arrays on this
+  process's devices (`sampler_params`, a collective); `collect` and partial rollouts' refresh
+  take those as they are;
+- gathers inside `collect` (metrics, DAPO's mid-collect decision on every process's groups, the
+  bandit's signal) go over the coordination service's key-value store (`multihost.StoreGather`,
+  one channel per collector, the calls numbered: every process's thread gathers in the same
+  order), not over device collectives: DAPO decides after each generation batch on global
+  counts, so its gathers cannot move to the main thread.
+The sampler's programs run on this process's devices only and need no peer, so they may
+interleave with the main thread's collectives in any order.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import threading
@@ -38,9 +53,11 @@ import jax
 import jax.numpy as jnp
 
 from jaxscaffold.episodes.episode import Episode
-from jaxscaffold.train.multihost import sampler_params
+from jaxscaffold.train.multihost import StoreGather, gathers_over_store, sampler_params, summed_over_processes
 
 log = logging.getLogger(__name__)
+
+_channel_ids = itertools.count()  # every process builds its collectors in the same order: the same names
 
 
 class AheadCollector:
@@ -66,6 +83,7 @@ class AheadCollector:
         self._next = first_step
         self._stop = False
         self._error: BaseException | None = None
+        self._gathers = StoreGather(f"collector{next(_channel_ids)}")  # (several processes; module docstring)
         self._thread = threading.Thread(target=self._run, name="rollout-collector", daemon=True)
         self._thread.start()
 
@@ -75,42 +93,47 @@ class AheadCollector:
 
     def _run(self) -> None:
         try:
-            while True:
-                with self._cond:
-                    step = self._next
-                    if step > self.last_step:
-                        return
-                    version = self.version_for(step)
-                    # The version the schedule names (it also bounds the steps waiting to k + 1).
-                    self._cond.wait_for(lambda: self._stop or version in self._params)
-                    if self._stop:
-                        return
-                    params = self._params[version]
-                with self._collecting:
-                    t = time.perf_counter()
-                    if self.partial:
-                        episodes, stats = self.work.collect(self.job, params, step,
-                                                            refresh_params=self._newest(version, params))
-                    else:
-                        episodes, stats = self.work.collect(self.job, params, step)
-                    seconds = time.perf_counter() - t
-                    state = json.loads(json.dumps(self.work.get_state()))  # a copy, as the checkpoint stores it
-                for e in episodes:  # (partial: the agent recorded every sampled token's already)
-                    e.record_version(version)
-                if self.partial:
-                    stats = {**stats, **version_stats(episodes, step - 1, self.k)}
-                with self._cond:
-                    self._ready[step] = (episodes, stats, version, seconds)
-                    self._states[step] = state
-                    self._next = step + 1
-                    # Versions no later step is collected with are released.
-                    for v in [v for v in self._params if v < self.version_for(step + 1)]:
-                        del self._params[v]
-                    self._cond.notify_all()
+            with gathers_over_store(self._gathers):
+                self._collect_all()
         except BaseException as e:  # handed to the trainer by `next`
-            log.exception("the rollout collector failed")
+            if not self._stop:  # (else `close` cancelled a gather)
+                log.exception("the rollout collector failed")
             with self._cond:
                 self._error = e
+                self._cond.notify_all()
+
+    def _collect_all(self) -> None:
+        while True:
+            with self._cond:
+                step = self._next
+                if step > self.last_step:
+                    return
+                version = self.version_for(step)
+                # The version the schedule names (it also bounds the steps waiting to k + 1).
+                self._cond.wait_for(lambda: self._stop or version in self._params)
+                if self._stop:
+                    return
+                params = self._params[version]
+            with self._collecting:
+                t = time.perf_counter()
+                if self.partial:
+                    episodes, stats = self.work.collect(self.job, params, step,
+                                                        refresh_params=self._newest(version, params))
+                else:
+                    episodes, stats = self.work.collect(self.job, params, step)
+                seconds = time.perf_counter() - t
+                state = json.loads(json.dumps(self.work.get_state()))  # a copy, as the checkpoint stores it
+            for e in episodes:  # (partial: the agent recorded every sampled token's already)
+                e.record_version(version)
+            if self.partial:  # (every process's tokens)
+                stats = {**stats, **summed_over_processes(version_stats(episodes, step - 1, self.k))}
+            with self._cond:
+                self._ready[step] = (episodes, stats, version, seconds)
+                self._states[step] = state
+                self._next = step + 1
+                # Versions no later step is collected with are released.
+                for v in [v for v in self._params if v < self.version_for(step + 1)]:
+                    del self._params[v]
                 self._cond.notify_all()
 
     def next(self, step: int) -> tuple[list[Episode], dict, int, float]:
@@ -159,7 +182,11 @@ class AheadCollector:
 
     def _own_copy(self, params):
         """Parameters the next train step cannot donate: on a split pod (`mesh.rollout_devices`)
-        moved device to device onto the samplers' devices, else a copy on the same devices."""
+        moved device to device onto the samplers' devices, else a copy on the same devices. On
+        several processes: this process's sampler arrays, copied (the conversion may hand out
+        the state's own buffers), so the thread converts nothing (module docstring)."""
+        if jax.process_count() > 1:
+            return jax.tree.map(jnp.copy, sampler_params(params, self.job.sampler))
         if self.job.cfg.mesh.rollout_devices:
             return sampler_params(params, self.job.sampler)
         return jax.tree.map(jnp.copy, params)
@@ -176,10 +203,12 @@ class AheadCollector:
             yield
 
     def close(self) -> None:
-        """Stops after the collect in flight (if any) and joins the thread."""
+        """Stops after the collect in flight (if any; on several processes, at its next gather
+        if a peer's thread does not answer) and joins the thread."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
+        self._gathers.cancel()  # (a collect waiting on a peer that stopped raises instead)
         self._thread.join()
 
 

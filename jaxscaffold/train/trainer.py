@@ -33,7 +33,7 @@ from jaxscaffold.train.export import export_checkpoint
 from jaxscaffold.train.failures import RunFailed, StepGuard
 from jaxscaffold.train.job import build_job, optimizer_config
 from jaxscaffold.train.logger import MetricLogger
-from jaxscaffold.train.multihost import allgather_json
+from jaxscaffold.train.multihost import allgather_json, summed_over_processes
 from jaxscaffold.train.results import running_peaks, write_results
 from jaxscaffold.train.update import train_on
 from jaxscaffold.train.workloads.base import WorkloadFactory, workload_for
@@ -159,20 +159,24 @@ def train(cfg, workload: WorkloadFactory | None = None) -> dict[str, Any]:
 
 def _ahead_collector(job, work, state, start: int, steps: int) -> AheadCollector:
     """rollout.max_staleness = k > 0: the collector of steps start + 1..steps, from the state's
-    policy (version `start`: on resume, collection restarts from the checkpoint's step)."""
-    if jax.process_count() > 1:
-        raise ValueError(f"rollout.max_staleness={job.cfg.rollout.max_staleness} runs on one process only "
-                         f"(have {jax.process_count()}): use 0 on several hosts")
+    policy (version `start`: on resume, collection restarts from the checkpoint's step). On
+    several processes the workload's collect must be safe off the main thread (its
+    `collects_off_main_thread`: `collector` says what that takes)."""
+    if jax.process_count() > 1 and not getattr(work, "collects_off_main_thread", False):
+        raise ValueError(f"rollout.max_staleness={job.cfg.rollout.max_staleness} on {jax.process_count()} processes: "
+                         f"the {type(work).__name__} workload's collect may issue device collectives, which its "
+                         "background thread must not (use 0 on several hosts)")
     return AheadCollector(work, job, job.policy_params(state.params), version=start,
                           first_step=start + 1, last_step=steps, max_staleness=job.cfg.rollout.max_staleness)
 
 
 def _collected(collector: AheadCollector, step: int, max_staleness: int) -> tuple[list, dict]:
     """Step `step`'s episodes from the collector, rows more than `max_staleness` versions
-    behind this step's policy (version step - 1) dropped, with the staleness metrics."""
+    behind this step's policy (version step - 1) dropped, with the staleness metrics (of every
+    process's rows)."""
     episodes, stats, _, seconds = collector.next(step)
     episodes, staleness = staleness_filter(episodes, step - 1, max_staleness)
-    return episodes, {**stats, **staleness, "time/collect_s": seconds}
+    return episodes, {**stats, **summed_over_processes(staleness), "time/collect_s": seconds}
 
 
 def _params_checkpointer(cfg, start: int) -> Checkpointer | None:

@@ -1,9 +1,10 @@
 """One process of the multi-host training-loop test (run by test_multihost.py): the tiny config's
 real loop (rollouts with a learned feedback schedule, checkpoints, evaluation) on the toy `coin`
 env, 2 CPU devices in all, split over `num_processes` processes, for each variant in turn: full
-fine-tuning, LoRA (rollouts with the merged parameters) and, on several processes, DAPO. Writes
-its histories and the episodes it ran; process 0 also the final parameters (LoRA: the
-adapters) and the logs."""
+fine-tuning, LoRA (rollouts with the merged parameters), bounded staleness (rollout.max_staleness
+= 1: rollouts in the collector's thread) and, on several processes, DAPO and a refused staleness
+run. Writes its histories and the episodes it ran; process 0 also the final parameters
+(LoRA: the adapters) and the logs."""
 
 import json
 import os
@@ -29,8 +30,8 @@ ran = []  # (step, group, task id, reward, won) of every episode this process tr
 
 
 class Recording(EnvWorkload):
-    def collect(self, job, params, step):
-        episodes, stats = super().collect(job, params, step)
+    def collect(self, job, params, step, **kw):
+        episodes, stats = super().collect(job, params, step, **kw)
         ran.extend([step, e.group, e.task.task_id, e.reward, e.won] for e in episodes)
         return episodes, stats
 
@@ -87,3 +88,30 @@ if num_processes > 1:
         won.setdefault(f"{step}/{group}", []).append(success)
     with open(os.path.join(out, f"process{process_id}_dapo.json"), "w") as f:
         json.dump({"history": result["history"], "won": won}, f)
+
+# Bounded staleness: the next step's rollouts run in the collector's thread while this one
+# trains (its gathers over the coordination service's key-value store), evaluation pausing it.
+ran.clear()
+cfg = tiny_config(os.path.join(out, "stale"), steps=3, **{
+    "rollout.tasks_per_step": 4, "rollout.group_size": 2, "rollout.temperature": 1.0,
+    "rollout.max_turns": 3, "rollout.max_len": 256, "envs.train": "coin", "envs.eval": "coin",
+    "feedback.schedule": "bandit", "feedback.bandit_signal": "success", "feedback.bandit_arms": "ag_early,oe_early",
+    "eval.every": 2, "eval.tasks": 4, "checkpoint.every": 3, "mesh.devices": 0, "rollout.sampler_devices": 1,
+    "rollout.max_staleness": 1})
+result = train(cfg, workload=Recording)
+with open(os.path.join(out, f"process{process_id}_stale.json"), "w") as f:
+    json.dump({"history": result["history"], "ran": ran}, f)
+
+if num_processes > 1:
+    class Unmarked(EnvWorkload):  # a collect that may issue device collectives of its own
+        collects_off_main_thread = False
+
+    refused = ""
+    try:
+        train(tiny_config(os.path.join(out, "refused"), steps=1, **{
+            "rollout.tasks_per_step": 4, "envs.train": "coin", "eval.every": 0, "mesh.devices": 0,
+            "rollout.sampler_devices": 1, "rollout.max_staleness": 1}), workload=Unmarked)
+    except ValueError as e:
+        refused = str(e)
+    with open(os.path.join(out, f"process{process_id}_refused.json"), "w") as f:
+        json.dump({"refused": refused}, f)

@@ -72,20 +72,28 @@ LOOP_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihos
 
 def _run_loop(n, out):
     """(final parameters, each process's runs) of `n` processes of the loop worker; a run:
-    {"history", "ran", "lora": {"history", "adapters" (process 0)}, "dapo" (n > 1)}."""
+    {"history", "ran", "lora": {"history", "adapters" (process 0)}, "stale", "dapo" and
+    "refused" (n > 1)}."""
     os.makedirs(out, exist_ok=True)
-    _start(LOOP_WORKER, n, out, exact=True, timeout=1200)  # full, LoRA and (n > 1) DAPO runs
+    _start(LOOP_WORKER, n, out, exact=True, timeout=1500)  # full, LoRA, stale and (n > 1) DAPO, refused runs
     runs = [json.load(open(os.path.join(out, f"process{i}.json"))) for i in range(n)]
     for i, run in enumerate(runs):
-        run["lora"] = json.load(open(os.path.join(out, f"process{i}_lora.json")))
-        if n > 1:
-            run["dapo"] = json.load(open(os.path.join(out, f"process{i}_dapo.json")))
+        for variant in ("lora", "stale") + (("dapo", "refused") if n > 1 else ()):
+            run[variant] = json.load(open(os.path.join(out, f"process{i}_{variant}.json")))
     runs[0]["lora"]["adapters"] = dict(np.load(os.path.join(out, "adapters.npz")))
     return dict(np.load(os.path.join(out, "params.npz"))), runs
 
 
+@pytest.fixture(scope="module")
+def loop_runs(tmp_path_factory):
+    """The loop worker on one process and on two (one pair of runs for both tests below):
+    (directory, (params, runs) of one process, (params, runs) of two)."""
+    tmp_path = tmp_path_factory.mktemp("loop")
+    return tmp_path, _run_loop(1, str(tmp_path / "one")), _run_loop(2, str(tmp_path / "two"))
+
+
 @pytest.mark.slow
-def test_two_process_loop_matches_one_process(tmp_path):
+def test_two_process_loop_matches_one_process(loop_runs):
     """For full fine-tuning and LoRA, the real loop (tiny config on the toy env, 2 steps, rollouts with the bandit's feedback,
     evaluation, checkpoints) on 2 processes x 1 device equals it on 1 process x 2 devices: each
     process runs its half of the groups, feeds its rows of the global batch, and gathers the
@@ -103,8 +111,7 @@ def test_two_process_loop_matches_one_process(tmp_path):
     With LoRA, rollouts decode with the merged parameters (merged over the global arrays, then
     gathered onto each process); every process logs the one-process metrics and ends with the
     same adapters (to f32 rounding, as above)."""
-    one, (run_one,) = _run_loop(1, str(tmp_path / "one"))
-    two, runs_two = _run_loop(2, str(tmp_path / "two"))
+    tmp_path, (one, (run_one,)), (two, runs_two) = loop_runs
     # Each process ran only its share, whole groups; together, exactly the one-process episodes.
     ran = [sorted(map(tuple, r["ran"])) for r in runs_two]
     assert ran[0] and ran[1] and not {g[:2] for g in ran[0]} & {g[:2] for g in ran[1]}
@@ -153,3 +160,37 @@ def test_two_process_loop_matches_one_process(tmp_path):
     assert adapters_one.keys() == adapters_two.keys()
     for k in adapters_one:
         np.testing.assert_allclose(adapters_two[k], adapters_one[k], atol=2e-5, rtol=0, err_msg=f"lora: {k}")
+
+
+@pytest.mark.slow
+def test_two_process_staleness_matches_one_process(loop_runs):
+    """rollout.max_staleness = 1 on two processes: the collector's thread runs each process's
+    share of the next step's rollouts while the main thread trains, its gathers over the
+    coordination service's key-value store and its parameters converted by the main thread, so
+    no collective of one thread meets another's. The schedule is fixed by the step (steps 1
+    and 2 sampled by version 0, step 3 by version 1), so the two processes together run the
+    one-process episodes and log its metrics (to f32 rounding, as above), evaluation pausing
+    the collector at step 2.
+
+    A workload whose collect is not declared safe off the main thread is refused with k > 0
+    on several processes."""
+    _, (_, (run_one,)), (_, runs_two) = loop_runs
+    stale_one = run_one["stale"]
+    ran = sorted(map(tuple, runs_two[0]["stale"]["ran"] + runs_two[1]["stale"]["ran"]))
+    assert ran == sorted(map(tuple, stale_one["ran"]))
+    rows = 4 * 2  # tasks x group size
+    assert [(h["rollout/staleness_0"], h["rollout/staleness_1"]) for h in stale_one["history"]] == \
+        [(rows, 0), (0, rows), (0, rows)]
+    assert "eval/success" in stale_one["history"][1]
+    for run in runs_two:
+        for h_two, h_one in zip(run["stale"]["history"], stale_one["history"], strict=True):
+            assert h_two.keys() == h_one.keys()
+            for k, v in h_one.items():
+                if isinstance(v, str):
+                    assert h_two[k] == v, k
+                elif not k.startswith("time/"):
+                    np.testing.assert_allclose(h_two[k], v, rtol=1e-5, atol=1e-7, err_msg=f"stale: {k}")
+
+    # A workload that does not declare its collect safe off the main thread is refused there.
+    assert all("Unmarked workload's collect may issue device collectives" in run["refused"]["refused"]
+               for run in runs_two)

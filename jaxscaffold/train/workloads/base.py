@@ -40,6 +40,9 @@ class Workload(Protocol):
     #   the run, for the stage that follows (RWML's stage 1 -> stage 2).
     # - `partial_rollouts = True` with `collect(job, params, step, refresh_params=None)`: its
     #   agents take newer weights between decode chunks (`rollout.partial`, `train.collector`).
+    # - `collects_off_main_thread = True`: `collect` issues no device collective but through
+    #   `multihost.allgather_json` and `sampler_params`, so on several processes it may run in
+    #   the collector's thread (`rollout.max_staleness > 0`; the trainer refuses the others).
 
 
 WorkloadFactory = Callable[[Job, Any], Workload]

@@ -94,6 +94,9 @@ class EnvWorkload:
         return self.schedules[arm]
 
     partial_rollouts = True  # `collect` takes `refresh_params` (`train.collector`, rollout.partial)
+    # On several processes `collect` gathers only through `allgather_json` and converts the
+    # parameters only through `sampler_params`: it may run in the collector's thread.
+    collects_off_main_thread = True
 
     def collect(self, job: Job, params, step: int, refresh_params=None) -> tuple[list[Episode], dict]:
         """Rollouts for one train step; DAPO's dynamic sampling keeps generating until enough
