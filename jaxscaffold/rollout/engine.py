@@ -450,10 +450,11 @@ class Sampler:
     def compile_programs(self, params, state: SamplerState, *, max_decode: int = 1,
                          shapes: Mapping[str, Iterable[int]] | None = None) -> int:
         """Compiles, ahead of time, the programs later calls may run, so that they compile
-        nothing (nothing runs; `state`, any state of this sampler, is not consumed): for every
-        row bucket, the decode chunk over each window, up to `max_decode` steps a chunk (the
-        longest turn or decode chunk a caller asks for at once), and the prefill of each width
-        bucket over each window that holds it; the gathers of rows; a release of one slot.
+        nothing (nothing runs but a gather of rows; `state`, any state of this sampler, is not
+        consumed): for every row bucket, the decode chunk over each window, up to `max_decode`
+        steps a chunk (the longest turn or decode chunk a caller asks for at once), and the
+        prefill of each width bucket over each window that holds it; the gathers of rows; a
+        release of one slot.
 
         `shapes` (e.g. `shapes_met`, after a rollout) narrows the widths, windows and decode
         steps to those sets, still for every row bucket and every width x window pair: which
@@ -472,31 +473,44 @@ class Sampler:
             steps, widths = sorted(shapes["decode_steps"]), sorted(shapes["width"])
             windows, prefill_windows = sorted(shapes["decode_window"]), sorted(shapes["prefill_window"])
         state = self._with_table(state)
-        lowered, states = [], {}
+        lowered = []
 
-        def rows_state(rows: int):
-            """The state a call on `rows` rows runs on (and its gathers' programs)."""
-            if rows >= self.batch_size:
-                return state
-            if rows not in states:
-                index = jnp.asarray(np.zeros(rows, np.int32))
-                take = _take_rows.lower(state, index)
-                states[rows] = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), take.out_info)
-                lowered.extend([take, _put_rows.lower(state, states[rows], index)])
-            return states[rows]
+        def lower_all(state, decode: bool, place=lambda x: x) -> None:
+            subs = {}  # row bucket -> the gathered state a call on that many rows takes
 
-        for rows in self.row_buckets:
-            sub = rows_state(rows)
-            per_row = [jnp.asarray(np.zeros(rows, np.uint32))] + [self._put(np.zeros(rows, t)) for t in (np.bool_, np.int32)]
-            for window in windows:
-                for n in steps:
-                    lowered.append(_decode.lower(params, sub, *per_row, programs=self.programs, steps=n, window=window))
-        for width in widths:
-            for rows in sorted({self._prefill_batch(n, width) for n in range(1, self.batch_size + 1)}):
+            def rows_state(rows: int):
+                if rows >= self.batch_size:
+                    return state
+                if rows not in subs:
+                    index = jnp.asarray(np.zeros(rows, np.int32))
+                    # run (a small gather): its output's placement is part of later programs' keys
+                    subs[rows] = _take_rows(state, index)
+                    # the rows written back are a program's output: placed as `place` says
+                    lowered.extend([_take_rows.lower(state, index), _put_rows.lower(state, place(subs[rows]), index)])
+                return subs[rows]
+
+            for rows in self.row_buckets if decode else ():
                 sub = rows_state(rows)
-                ids = self._put(np.zeros((rows, width), np.int32))
-                for window in (w for w in prefill_windows if w >= width):
-                    lowered.append(_prefill.lower(params, sub, ids, ids, programs=self.programs, window=window))
+                per_row = [jnp.asarray(np.zeros(rows, np.uint32))] + [self._put(np.zeros(rows, t)) for t in (np.bool_, np.int32)]
+                for window in windows:
+                    for n in steps:
+                        lowered.append(_decode.lower(params, sub, *per_row, programs=self.programs, steps=n, window=window))
+            for width in widths:
+                for rows in sorted({self._prefill_batch(n, width) for n in range(1, self.batch_size + 1)}):
+                    sub = rows_state(rows)
+                    ids = self._put(np.zeros((rows, width), np.int32))
+                    for window in (w for w in prefill_windows if w >= width):
+                        lowered.append(_prefill.lower(params, sub, ids, ids, programs=self.programs, window=window))
+
+        placed = jax.tree.leaves(params)[0].sharding
+        if self.mesh is None and isinstance(placed, NamedSharding):
+            # Parameters on a mesh (a training job's): a call's output, the state later calls
+            # take, is placed on it too, and a program's key includes its arguments' placement;
+            # a fresh state (`init_state`) is not, so its first call (a prefill) has programs of its own.
+            on_mesh = functools.partial(jax.device_put, device=NamedSharding(placed.mesh, jax.sharding.PartitionSpec()))
+            lower_all(state, decode=False, place=on_mesh)
+            state = on_mesh(state)
+        lower_all(state, decode=True)
         for program in lowered:
             program.compile()
         if not self.paged:  # its eager updates (a paged one's pages are the host's)
