@@ -126,6 +126,7 @@ class Rollout:
     kv_pages: int = field(0, "paged: pages in the pool (0: every row at max_len; fewer: more rows in the same memory, launch/plan.py's rows_that_fit; a row finding none ends truncated)", ge=0)
     lockstep: bool = field(False, "True: all episodes step together turn by turn (the reference); False: each episode advances on its own")
     decode_chunk: int = field(16, "asynchronous rollouts: tokens each ready row decodes before observations and new episodes join", ge=1)
+    admit_wait_ms: float = field(500.0, "asynchronous rollouts: while rows decode, how long an episode whose env has reset waits for the other resets in flight to be prefilled with it (0: at once)", ge=0.0)
 
 
 @dataclasses.dataclass(frozen=True)

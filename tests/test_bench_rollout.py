@@ -97,6 +97,7 @@ def test_a_short_run_prints_every_figure(tmp_path):
     assert not list(tmp_path.glob("bench-*"))  # the run's folder is removed
     figures = {f["name"]: f for f in map(json.loads, out.stdout.splitlines())}
     lock, bound = figures["lockstep_s"], figures["bound_s"]
+    assert figures["compile_ahead_s"]["programs"] > 0 and lock["prefill_calls"] > 0
     assert lock["episodes"] == 8 and lock["failures"] == 0 and 1 <= lock["lockstep_turns"] <= 3
     assert bound["value"] == pytest.approx(max(bound["decode_s"], bound["longest_chain_s"]), abs=1e-3)
     if "async_s" in figures:

@@ -41,12 +41,13 @@ from jaxscaffold.rollout.conversation import Conversation, MultiTurn
 from jaxscaffold.rollout.engine import Sampler
 
 DECODE_CHUNK = 16  # tokens a ready row decodes between admissions (rollout.decode_chunk)
+ADMIT_WAIT_MS = 500.0  # how long reset episodes may wait for others to be admitted with (rollout.admit_wait_ms)
 
 
 def run_episodes(agent: Agent, envs: EnvBatch, tasks: Sequence[Task], groups: Sequence[int] | None = None, *,
                  max_turns: int, feedback: Feedback = NONE, timings: Timings | None = None,
                  lockstep: bool = False, decode_chunk: int = DECODE_CHUNK,
-                 max_live: int | None = None) -> list[Episode]:
+                 max_live: int | None = None, admit_wait_ms: float = ADMIT_WAIT_MS) -> list[Episode]:
     """Runs one episode per task to the end: the env says done, the agent has no room for
     another turn, or `max_turns` actions were taken (both: `truncated`). Failures (the env's,
     or a first prompt the agent cannot take) end an episode with `failure` set.
@@ -61,6 +62,9 @@ def run_episodes(agent: Agent, envs: EnvBatch, tasks: Sequence[Task], groups: Se
     Both give the same episodes up to numerics that the batch's shape can change.
     `max_live` (asynchronous) bounds the episodes holding an env at once (reset ahead or
     running; default: twice the agent's places, every episode for a scripted agent).
+    `admit_wait_ms` (asynchronous): while rows are decoding, an episode whose env has reset
+    waits up to this long for the other resets in flight that would take a free place with it,
+    so first prompts are prefilled together rather than one call each (0: admitted at once).
 
     `timings` (optional) adds up where the time went (`timing.Timings`)."""
     timings = Timings() if timings is None else timings
@@ -77,7 +81,8 @@ def run_episodes(agent: Agent, envs: EnvBatch, tasks: Sequence[Task], groups: Se
     if lockstep:
         _lockstep(agent, envs, episodes, planned, rollout, max_turns, feedback, timings)
     else:
-        _asynchronous(agent, envs, episodes, planned, rollout, max_turns, feedback, timings, decode_chunk, max_live)
+        _asynchronous(agent, envs, episodes, planned, rollout, max_turns, feedback, timings, decode_chunk, max_live,
+                      admit_wait_ms / 1000)
     timings.wall_s += time.perf_counter() - started
     return episodes
 
@@ -181,11 +186,13 @@ def _ema(estimate: float | None, x: float, weight: float = 0.2) -> float:
 
 
 def _asynchronous(agent, envs, episodes, planned, rollout, max_turns, feedback, timings, decode_chunk,
-                  max_live) -> None:
+                  max_live, admit_wait_s) -> None:
     """The event loop (see the module): admit reset episodes into free places, decode one
     chunk of the ready rows, hand ended turns to their envs, take whatever the envs answered."""
     if decode_chunk < 1 or (max_live is not None and max_live < 1):
         raise ValueError(f"decode_chunk={decode_chunk} and max_live={max_live} must be at least 1")
+    if admit_wait_s < 0:
+        raise ValueError(f"admit_wait_ms={admit_wait_s * 1000:g} must be at least 0")
     n = len(episodes)
     capacity = getattr(agent, "capacity", None) or max(n, 1)
     live_limit = 2 * capacity if max_live is None else max_live  # resets run ahead of the places up to this
@@ -197,6 +204,7 @@ def _asynchronous(agent, envs, episodes, planned, rollout, max_turns, feedback, 
     to_reset = collections.deque(range(n))  # not yet handed to its env
     admitted: set[int] = set()  # holding an agent place
     waiting: list[tuple[int, Seen]] = []  # reset, waiting for a place
+    reset_at: dict[int, float] = {}  # a waiting episode -> when its reset came back
     decoding: dict[int, int] = {}  # episode -> its turn (the actions taken so far)
     sent: dict[int, tuple[float, str | None]] = {}  # at the env: (when, action; None: a reset)
 
@@ -250,17 +258,26 @@ def _asynchronous(agent, envs, episodes, planned, rollout, max_turns, feedback, 
                 else:
                     ep.observations.append(res.text)
                     waiting.append((i, _seen(episodes, rollout, feedback, i, res)))
+                    reset_at[i] = now
             elif _record_step(ep, action, res):
                 nxt[i] = _seen(episodes, rollout, feedback, i, res.observation)
             else:
                 end(i)
         # 2. One prefill: reset episodes admitted into free places (in index order) and the
-        # observations that came back.
+        # observations that came back. While rows decode, reset episodes wait (up to
+        # admit_wait_s) for the resets in flight that would take a free place with them: resets
+        # end at scattered times, and a first prompt prefilled alone costs a call of its own.
         free, first = capacity - len(admitted), {}
+        if waiting and free > 0 and decoding and admit_wait_s > 0:
+            coming = sum(action is None for _, action in sent.values())
+            if len(waiting) < min(free, len(waiting) + coming) and now < min(reset_at.values()) + admit_wait_s:
+                free = 0  # held: the next iteration looks again
         if waiting and free > 0:
             waiting.sort(key=lambda x: x[0])
             first, waiting = dict(waiting[:free]), waiting[free:]
             admitted.update(first)
+            for i in first:
+                del reset_at[i]
         if first or nxt:
             with timings.accelerator("prefill"):
                 failed, full = agent.prefill(episodes, first, nxt)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import flax.struct
 import jax
@@ -316,6 +316,11 @@ class Sampler:
             self.kv_pages = o.kv_pages or self.backend.pages_for(batch_size, max_len, self.page_shards)
             self.page_table = self._new_page_table()
         self.rows_out_of_pages = 0  # decode rows ended for want of a page (finish_reason "pages")
+        # prefill calls made, the rows they computed (padding included) and their rows x width x window
+        self.prefill_counts = {"calls": 0, "rows": 0, "work": 0}
+        # the widths, windows and decode steps calls have met (`compile_programs(shapes=...)`)
+        self.shapes_met: dict[str, set[int]] = {k: set() for k in ("width", "prefill_window", "decode_window",
+                                                                    "decode_steps")}
         row_buckets = o.row_buckets
         if row_buckets is None:
             row_buckets = buckets.ladder(8, batch_size) if mesh is None and self.layout == "per_layer" else (batch_size,)
@@ -442,6 +447,76 @@ class Sampler:
             return params
         return _prepare(params, programs=self.programs)
 
+    def compile_programs(self, params, state: SamplerState, *, max_decode: int = 1,
+                         shapes: Mapping[str, Iterable[int]] | None = None) -> int:
+        """Compiles, ahead of time, the programs later calls may run, so that they compile
+        nothing (nothing runs but a gather of rows; `state`, any state of this sampler, is not
+        consumed): for every row bucket, the decode chunk over each window, up to `max_decode`
+        steps a chunk (the longest turn or decode chunk a caller asks for at once), and the
+        prefill of each width bucket over each window that holds it; the gathers of rows; a
+        release of one slot.
+
+        `shapes` (e.g. `shapes_met`, after a rollout) narrows the widths, windows and decode
+        steps to those sets, still for every row bucket and every width x window pair: which
+        rows share a call follows the envs' timing, so a rollout of the same rows meets other
+        (row bucket, width, window) combinations than the one before it, and an asynchronous
+        run compiles in its timed part what its warm-up did not meet. `params` as passed to
+        `extend` (prepared). Returns the number of programs (those compiled before are
+        cached: calling it twice compiles nothing)."""
+        windowed = self.backend.windowed
+        longest = _bucket(max(1, min(max_decode, self.max_len)), self.decode_buckets, "a decode")
+        steps = [s for s in self.decode_buckets if s <= longest]
+        widths = self.prefill_buckets
+        windows = self.window_buckets if windowed else (self.max_len,)
+        prefill_windows = self.prefill_window_buckets if windowed else (self.max_len,)
+        if shapes is not None:
+            steps, widths = sorted(shapes["decode_steps"]), sorted(shapes["width"])
+            windows, prefill_windows = sorted(shapes["decode_window"]), sorted(shapes["prefill_window"])
+        state = self._with_table(state)
+        lowered = []
+
+        def lower_all(state, decode: bool, place=lambda x: x) -> None:
+            subs = {}  # row bucket -> the gathered state a call on that many rows takes
+
+            def rows_state(rows: int):
+                if rows >= self.batch_size:
+                    return state
+                if rows not in subs:
+                    index = jnp.asarray(np.zeros(rows, np.int32))
+                    # run (a small gather): its output's placement is part of later programs' keys
+                    subs[rows] = _take_rows(state, index)
+                    # the rows written back are a program's output: placed as `place` says
+                    lowered.extend([_take_rows.lower(state, index), _put_rows.lower(state, place(subs[rows]), index)])
+                return subs[rows]
+
+            for rows in self.row_buckets if decode else ():
+                sub = rows_state(rows)
+                per_row = [jnp.asarray(np.zeros(rows, np.uint32))] + [self._put(np.zeros(rows, t)) for t in (np.bool_, np.int32)]
+                for window in windows:
+                    for n in steps:
+                        lowered.append(_decode.lower(params, sub, *per_row, programs=self.programs, steps=n, window=window))
+            for width in widths:
+                for rows in sorted({self._prefill_batch(n, width) for n in range(1, self.batch_size + 1)}):
+                    sub = rows_state(rows)
+                    ids = self._put(np.zeros((rows, width), np.int32))
+                    for window in (w for w in prefill_windows if w >= width):
+                        lowered.append(_prefill.lower(params, sub, ids, ids, programs=self.programs, window=window))
+
+        placed = jax.tree.leaves(params)[0].sharding
+        if self.mesh is None and isinstance(placed, NamedSharding):
+            # Parameters on a mesh (a training job's): a call's output, the state later calls
+            # take, is placed on it too, and a program's key includes its arguments' placement;
+            # a fresh state (`init_state`) is not, so its first call (a prefill) has programs of its own.
+            on_mesh = functools.partial(jax.device_put, device=NamedSharding(placed.mesh, jax.sharding.PartitionSpec()))
+            lower_all(state, decode=False, place=on_mesh)
+            state = on_mesh(state)
+        lower_all(state, decode=True)
+        for program in lowered:
+            program.compile()
+        if not self.paged:  # its eager updates (a paged one's pages are the host's)
+            jax.block_until_ready(self.release(state, [0]))
+        return len(lowered)
+
     # ---------------------------------------------------------------- prefill
 
     def extend(self, params, state: SamplerState, tokens: Mapping[int, Sequence[int]],
@@ -469,6 +544,13 @@ class Sampler:
         """One prefill call of `tokens` (checked by `extend`)."""
         width, window = self._prefill_shape({slot: len(toks) for slot, toks in tokens.items()}, lengths)
         rows = list(tokens.values())
+        gathered = self._prefill_batch(len(rows), width)
+        for slot, toks in tokens.items():  # each row's own: other groupings of the rows need them
+            own = self._prefill_shape({slot: len(toks)}, lengths)
+            self.shapes_met["width"].add(own[0])
+            self.shapes_met["prefill_window"].add(own[1])
+        for key, n in (("calls", 1), ("rows", gathered), ("work", gathered * width * window)):
+            self.prefill_counts[key] += n
 
         def run(state, slots, lengths):
             batch = state.logits_BV.shape[0]
@@ -480,7 +562,7 @@ class Sampler:
             return _prefill(params, self._with_table(state), self._put(ids), self._put(seg), programs=self.programs,
                             window=window), None
 
-        return self._on_rows(state, list(tokens), lengths, run, self._prefill_batch(len(rows), width))[0]
+        return self._on_rows(state, list(tokens), lengths, run, gathered)[0]
 
     def _prefill_batch(self, rows: int, width: int) -> int:
         """The batch a prefill of `rows` rows `width` wide runs at: the smallest prefill row
@@ -608,12 +690,17 @@ class Sampler:
                 if not going:
                     break
             steps = _bucket(int(max_new.max()), self.decode_buckets, "a decode")
+            for slot in going:  # each row's own steps (other groupings of the rows meet them)
+                self.shapes_met["decode_steps"].add(_bucket(max(int(max_new[slot]), 1), self.decode_buckets, "a decode"))
             state, out = _decode(params, self._with_table(state), jnp.asarray(row_seeds), self._put(active),
                                  self._put(max_new), programs=self.programs, steps=steps, window=window)
             toks, lp, slp, n, hit = jax.device_get(out)
             for slot in going:
                 k = int(n[slot])
                 pieces[slot].append((toks[slot, :k], lp[slot, :k], slp[slot, :k]))
+                # every window the row's own chunk would have met, here or in any other grouping
+                first, last = (self.decode_window(min(int(x) + 1, self.max_len)) for x in (lengths[slot], lengths[slot] + k))
+                self.shapes_met["decode_window"].update(w for w in self.window_buckets if first <= w <= last)
                 lengths[slot] += k
                 remaining[slot] -= k
                 stopped[slot] = bool(hit[slot])

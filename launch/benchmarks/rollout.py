@@ -1,7 +1,7 @@
 """One training step's rollouts of a tiny model on an env whose steps take time, three ways in one run.
 
   python launch/bench.py rollout [--json] [--latency-ms 200 --latency-p99-ms 2000 --turns 2-14 --rows 64
-                                  --max-new-tokens 16] [--env sciworld] [--staleness K --steps S]
+                                  --max-new-tokens 16] [--env sciworld] [--admit-wait-ms MS] [--staleness K --steps S]
 
 - `lockstep_s`: `EnvWorkload.collect` of one step with the lock-step driver (`rollout.lockstep`):
   every live episode decodes, then every env steps, then every row prefills;
@@ -14,8 +14,12 @@
   latency env's draws for its actions, `envs.latency.draws`).
 
 Ratios: `async_over_lockstep` (goal <= 0.4 at the defaults) and `async_over_bound` (goal <= 1.25).
-Every run restores the workload's task stream first, so all of them roll out the same tasks with
-the same sampling seeds (the same tokens, up to ties that batch shape can flip).
+Before the timed runs the sampler compiles every program the rows of the untimed runs may
+meet in any grouping (`Sampler.compile_programs`), so each timed run's `compile_s` (XLA
+compiling inside it) is ~0; `prefill_calls`, `prefill_rows` and `prefill_work` (rows x width x
+window, padding included) count each run's prefills. Every run restores the workload's task
+stream first, so all of them roll out the same tasks with the same sampling seeds (the same
+tokens, up to ties that batch shape can flip). `--admit-wait-ms` sets `rollout.admit_wait_ms`.
 
 `--env sciworld`: the real env and its real latency (resets included). Its latency cannot be
 set to zero, so (a) is the lock-step run's accelerator-busy seconds (`Timings.busy_s`: the same
@@ -78,6 +82,8 @@ def parse_args(argv, quick: bool = False) -> argparse.Namespace:
                         "152k-row unembedding makes every run decode-bound) or qwen3 (the real one)")
     p.add_argument("--env", default="latency", choices=["latency", "sciworld"], help="the env to roll out on")
     p.add_argument("--max-turns", type=int, default=10, help="--env sciworld: env steps per episode")
+    p.add_argument("--admit-wait-ms", type=float, default=None,
+                   help="rollout.admit_wait_ms (default: the config's): how long reset episodes wait to be admitted together")
     p.add_argument("--staleness", type=int, default=0, help="also time whole steps with rollout.max_staleness=K")
     p.add_argument("--steps", type=int, default=0, help="training steps of that comparison (>= 2)")
     args = p.parse_args((QUICK if quick else []) + list(argv))
@@ -144,6 +150,8 @@ def config(args, out_dir: str, scale: float = 1.0):
     c.feedback.schedule = "none"
     c.eval.every = 0
     c.envs.num_workers = args.workers
+    if args.admit_wait_ms is not None:
+        c.rollout.admit_wait_ms = args.admit_wait_ms
     c.envs.train_split = "train"
     if args.env == "latency":
         c.envs.train = "latency"
@@ -171,6 +179,7 @@ class Rollout:
     episodes: list
     stats: dict
     compile_s: float = 0.0  # of wall_s: XLA compiling programs this run met first
+    prefill: dict = dataclasses.field(default_factory=dict)  # the sampler's prefill calls, rows and work in this run
 
     @property
     def turns(self) -> int:
@@ -234,11 +243,26 @@ class CompileSeconds:
 def collect(work, job, params, state: dict, *, lockstep: bool) -> Rollout:
     """One step's rollouts from the workload's saved task-stream state (the same tasks each time)."""
     work.set_state(state)
+    before = dict(job.sampler.prefill_counts)
     with CompileSeconds() as compiling:
         t = time.perf_counter()
         episodes, stats = work.collect(with_driver(job, lockstep), params, 1)
         wall = time.perf_counter() - t
-    return Rollout(wall, episodes, stats, compiling.seconds)
+    prefill = {f"prefill_{k}": n - before[k] for k, n in job.sampler.prefill_counts.items()}
+    return Rollout(wall, episodes, stats, compiling.seconds, prefill)
+
+
+def compile_sampler(job, params) -> None:
+    """After the warm-up runs: compiles every program the step's sampler may run on the rows
+    they met, in any grouping (`Sampler.compile_programs(shapes=Sampler.shapes_met)`: every
+    row bucket for each width and window met), so that the timed runs compile nothing whichever
+    rows share a call as the envs' answers come back."""
+    sampler = job.sampler
+    with CompileSeconds() as compiling:
+        t = time.perf_counter()
+        n = sampler.compile_programs(sampler.prepare(params), sampler.init_state(), shapes=sampler.shapes_met)
+    REPORT.figure("compile_ahead_s", time.perf_counter() - t, "s",
+                  fields={"programs": n, "xla_compile_s": round(compiling.seconds, 3)})
 
 
 def rollouts(args) -> None:
@@ -271,15 +295,11 @@ def _rollouts(args, out: str) -> None:
                 collect(zero, job, params, start, lockstep=lockstep)
             free = {name: collect(zero, job, params, start, lockstep=lockstep) for name, lockstep in drivers.items()}
             work.envs.reset(latency.catalogue("train", args.rows))  # starts the workers' envs
-            # Once more with the envs' latencies, untimed: the shapes this schedule meets (which
-            # rows share a call, their windows) differ from the zero-latency runs', and the timed
-            # runs should measure steady state, not compiling (each run's `compile_s` says what is left).
-            for lockstep in drivers.values():
-                collect(work, job, params, start, lockstep=lockstep)
         else:
-            for _ in range(2):  # compiles, and starts every env (JVMs); then the shapes the schedule meets
+            for _ in range(2):  # compiles, starts every env (JVMs), and warms them (as before the shapes were compiled)
                 for lockstep in drivers.values():
                     collect(work, job, params, start, lockstep=lockstep)
+        compile_sampler(job, params)
         pool, clock = work.envs, TimedCalls(work.envs)
         work.envs = clock  # the lock-step run's env calls, timed (the bound's env seconds on sciworld)
         try:
@@ -313,14 +333,14 @@ def _rollouts(args, out: str) -> None:
     failures = sum(e.failure is not None for r in runs.values() for e in r.episodes)
     info = {"episodes": len(lock.episodes), "failures": failures, "lockstep_turns": lock.turns,
             "mean_turns": statistics.mean(len(e.actions) for e in lock.episodes),
-            **split(lock.stats), "compile_s": round(lock.compile_s, 3)}
+            **split(lock.stats), "compile_s": round(lock.compile_s, 3), **lock.prefill}
     REPORT.figure("lockstep_s", lock.wall_s, "s", fields=info)
     REPORT.figure("bound_s", bound, "s", fields={"decode_s": round(decode, 3), "longest_chain_s": round(max(chains), 3),
                                                 "turn_s": round(turn, 4)})
     if "async" in runs:
         a = runs["async"]
         r = ratios(lock.wall_s, a.wall_s, bound)
-        REPORT.figure("async_s", a.wall_s, "s", fields={**split(a.stats), "compile_s": round(a.compile_s, 3),
+        REPORT.figure("async_s", a.wall_s, "s", fields={**split(a.stats), "compile_s": round(a.compile_s, 3), **a.prefill,
                                                         "same_actions": same_actions(lock.episodes, a.episodes)})
         REPORT.figure("async_over_lockstep", r["async_over_lockstep"], "ratio", note="goal <= 0.4")
         REPORT.figure("async_over_bound", r["async_over_bound"], "ratio", note="goal <= 1.25")

@@ -137,7 +137,8 @@ class EnvWorkload:
             agent = ModelAgent(params, job.sampler, job.tokenizer, rcfg, seed=run_seed, train_step=step,
                                episode_ids=episode_ids, refresh_params=refresh_params)
             episodes += run_episodes(agent, self.envs, flat, wave_groups, max_turns=rcfg.max_turns, feedback=feedback,
-                                     timings=timings, lockstep=c.lockstep, decode_chunk=c.decode_chunk)
+                                     timings=timings, lockstep=c.lockstep, decode_chunk=c.decode_chunk,
+                                     admit_wait_ms=c.admit_wait_ms)
         for e in episodes:  # groups of different generation batches stay apart
             e.group += batch_index * c.tasks_per_step
         return episodes
@@ -238,7 +239,7 @@ class EnvWorkload:
             agent = ModelAgent(params, job.eval_sampler, job.tokenizer, rcfg, seed=seeds.derive(job.cfg.seed, "eval"),
                                train_step=step)
             episodes += run_episodes(agent, self.envs, chunk, max_turns=rcfg.max_turns, lockstep=c.lockstep,
-                                     decode_chunk=c.decode_chunk)
+                                     decode_chunk=c.decode_chunk, admit_wait_ms=c.admit_wait_ms)
         return episodes
 
     def evaluate(self, job: Job, params, step: int) -> dict[str, float]:

@@ -79,7 +79,8 @@ def policy_trajectories(job: Job, params, envs, tasks: Sequence[Task]) -> list[E
         agent = ModelAgent(params, sampler, job.tokenizer, rcfg, seed=seeds.derive(job.cfg.seed, "collect", start),
                            train_step=0)
         episodes += run_episodes(agent, envs, chunk, max_turns=rcfg.max_turns, lockstep=job.cfg.rollout.lockstep,
-                                 decode_chunk=job.cfg.rollout.decode_chunk)
+                                 decode_chunk=job.cfg.rollout.decode_chunk,
+                                 admit_wait_ms=job.cfg.rollout.admit_wait_ms)
     return episodes
 
 
