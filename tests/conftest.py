@@ -65,8 +65,16 @@ def pytest_collection_modifyitems(config, items):
     tests alone while the other idled: ~190 s of a 1,319 s run.)"""
     slow = [item for item in items if item.get_closest_marker("slow")]
     rest = [item for item in items if not item.get_closest_marker("slow")]
-    stealing = getattr(config.option, "dist", "no") == "worksteal"
+    # Collection runs in the workers, where xdist has reset `--dist` to "no": the controller
+    # hands its mode over (`pytest_configure_node`).
+    stealing = getattr(config, "workerinput", {}).get("dist_mode", getattr(config.option, "dist", "no")) == "worksteal"
     items[:] = dealt_order(slow, rest, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) if stealing else 1)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """(xdist controller) Tells each worker the `--dist` mode, which xdist resets there."""
+    node.workerinput["dist_mode"] = getattr(node.config.option, "dist", "no")
 
 
 def dealt_order(slow: list, rest: list, workers: int) -> list:
