@@ -160,11 +160,13 @@ def test_two_process_loop_matches_one_process(loop_runs):
     assert adapters_one.keys() == adapters_two.keys()
     for k in adapters_one:
         np.testing.assert_allclose(adapters_two[k], adapters_one[k], atol=2e-5, rtol=0, err_msg=f"lora: {k}")
+    _staleness_matches_one_process(loop_runs)
 
 
-@pytest.mark.slow
-def test_two_process_staleness_matches_one_process(loop_runs):
-    """rollout.max_staleness = 1 on two processes: the collector's thread runs each process's
+def _staleness_matches_one_process(loop_runs):
+    """(Part of the loop test, which shares its processes: as one test, the xdist workers cannot
+    run the module's processes twice.) rollout.max_staleness = 1 on two processes: the
+    collector's thread runs each process's
     share of the next step's rollouts while the main thread trains, its gathers over the
     coordination service's key-value store and its parameters converted by the main thread, so
     no collective of one thread meets another's. The schedule is fixed by the step (steps 1
