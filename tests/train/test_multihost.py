@@ -166,10 +166,9 @@ def test_two_process_loop_matches_one_process(loop_runs):
 def _staleness_matches_one_process(loop_runs):
     """(Part of the loop test, which shares its processes: as one test, the xdist workers cannot
     run the module's processes twice.) rollout.max_staleness = 1 on two processes: the
-    collector's thread runs each process's
-    share of the next step's rollouts while the main thread trains, its gathers over the
-    coordination service's key-value store and its parameters converted by the main thread, so
-    no collective of one thread meets another's. The schedule is fixed by the step (steps 1
+    collector's thread runs each process's share of the next step's rollouts while the main
+    thread trains, its gathers over the coordination service's key-value store and its
+    parameters converted by the main thread, so no collective of one thread meets another's. The schedule is fixed by the step (steps 1
     and 2 sampled by version 0, step 3 by version 1), so the two processes together run the
     one-process episodes and log its metrics (to f32 rounding, as above), evaluation pausing
     the collector at step 2.
