@@ -3,20 +3,14 @@ reward arrays whose answers are known by hand, and against scipy's own exact bin
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
 
 def _script():
-    spec = importlib.util.spec_from_file_location("rooms_premise", os.path.join(ROOT, "experiments", "rooms_rwml", "premise.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from experiments.rooms_rwml import premise
+
+    return premise
 
 
 def test_group_statistics_counts_only_groups_with_both_rewards():
