@@ -33,7 +33,8 @@ export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # XLA:CPU mallocs large buffers afresh on every call and glibc returns them to the kernel on
 # free, so every call page-faults them in again (a [8, 16, 151936] f32 logits buffer: 19k
 # faults, 40-55 ms for an op that takes 14 ms on tcmalloc, which keeps the pages).
-tcmalloc="$(/sbin/ldconfig -p 2>/dev/null | awk '/libtcmalloc_minimal\.so\.4 /{print $NF; exit}')"
+# awk reads to the end: exiting at the match would SIGPIPE ldconfig, and pipefail makes that fatal.
+tcmalloc="$(/sbin/ldconfig -p 2>/dev/null | awk '/libtcmalloc_minimal\.so\.4 / && !found {print $NF; found=1}')"
 if [ -n "$tcmalloc" ] && [ -z "${JAXSCAFFOLD_NO_TCMALLOC:-}" ]; then
   export LD_PRELOAD="$tcmalloc${LD_PRELOAD:+:$LD_PRELOAD}" TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD=68719476736
 fi
