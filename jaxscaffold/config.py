@@ -75,7 +75,7 @@ class Mesh:
     fsdp: int = field(1, "data parallel with sharded parameters and optimizer state (-1: all remaining devices)")
     tensor: int = field(1, "tensor parallelism over heads / MLP / vocab (-1: all remaining devices)")
     devices: int = field(0, "the first n devices only (0: all); one process only, e.g. to leave some free", ge=0)
-    rollout_devices: int = field(0, "split the pod: the last n of the devices above sample (rollouts, evaluation), the others train; weights copied device to device after each update; one process only, pair with rollout.max_staleness >= 1 (0: every device does both, in turn)", ge=0)
+    rollout_devices: int = field(0, "split the pod: the last n of the devices above sample (rollouts, evaluation), the others train; on P processes the last n/P of each; weights copied device to device after each update; pair with rollout.max_staleness >= 1 (0: every device does both, in turn)", ge=0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -80,8 +80,39 @@ def to_local(params: dict, config: Qwen3Config, mesh: Mesh, rules: ShardingRules
     # Arrays spanning processes onto a mesh of the same devices (in any order): jax.device_put
     # reshards them on device, a collective (its transfers pass jax.transfer_guard's
     # "disallow_explicit" for host <-> device: tests/train/test_multihost_rollout.py).
+    source = set().union(*(x.sharding.device_set for x in jax.tree.leaves(params)))
+    if not set(mesh.devices.flat) <= source:  # a split pod: the parameters are on the training devices only
+        return _onto_other_devices(params, config, source, mesh, rules)
     placed = jax.device_put(params, qwen3.param_shardings(config, process_rows_mesh(), rules))
     return jax.tree.map(lambda x: _local_view(x, mesh), placed)
+
+
+def _onto_other_devices(params: dict, config: Qwen3Config, source: set, mesh: Mesh, rules: ShardingRules) -> dict:
+    """`to_local` for a split pod, where `mesh` (this process's rollout devices) holds none of
+    the parameters. Multi-controller JAX reshards across processes only within one device set,
+    so in two steps, both device to device: a collective reshard onto a staging mesh of the
+    same (training) devices, each process's a row of groups of `mesh.size` devices, each group
+    holding the sampler's layout (tensor parallel over the group, replicated over groups and
+    processes); then this process's first group's shards copied to its rollout devices, shard
+    j of the group to device j of `mesh` (the same slices, no reshard)."""
+    rows = [[d for d in jax.devices() if d in source and d.process_index == p] for p in range(jax.process_count())]
+    m = mesh.size
+    if len({len(r) for r in rows}) != 1 or len(rows[0]) % m:
+        raise ValueError(f"a split pod needs as many training devices on every process, a multiple of its {m} "
+                         f"sampler devices; have {[len(r) for r in rows]}")
+    staging = Mesh(np.asarray(rows, dtype=object).reshape(len(rows), -1, m), MESH_AXES, axis_types=_AUTO)
+    placed = jax.device_put(params, qwen3.param_shardings(config, staging, rules))  # the collective
+    group = list(staging.devices[jax.process_index(), 0])
+    targets = list(mesh.devices.flat)
+
+    def move(x):
+        by_device = {s.device: s.data for s in x.addressable_shards}
+        moved = dict(zip(targets, jax.device_put([by_device[d] for d in group], targets)))
+        sharding = NamedSharding(mesh, x.sharding.spec)  # the spec names only `tensor`
+        return jax.make_array_from_single_device_arrays(
+            x.shape, sharding, [moved[d] for d in sharding.addressable_devices_indices_map(x.shape)])
+
+    return jax.tree.map(move, placed)
 
 
 def _identity(tree, out_shardings):

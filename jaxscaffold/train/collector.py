@@ -182,13 +182,14 @@ class AheadCollector:
 
     def _own_copy(self, params):
         """Parameters the next train step cannot donate: on a split pod (`mesh.rollout_devices`)
-        moved device to device onto the samplers' devices, else a copy on the same devices. On
-        several processes: this process's sampler arrays, copied (the conversion may hand out
-        the state's own buffers), so the thread converts nothing (module docstring)."""
+        moved device to device onto the samplers' devices (on one process as on several), else a
+        copy on the same devices. On several processes: this process's sampler arrays, copied
+        (the conversion may hand out the state's own buffers), so the thread converts nothing
+        (module docstring)."""
+        if self.job.cfg.mesh.rollout_devices:  # new arrays on other devices (several processes: a collective)
+            return sampler_params(params, self.job.sampler)
         if jax.process_count() > 1:
             return jax.tree.map(jnp.copy, sampler_params(params, self.job.sampler))
-        if self.job.cfg.mesh.rollout_devices:
-            return sampler_params(params, self.job.sampler)
         return jax.tree.map(jnp.copy, params)
 
     def workload_state(self, step: int) -> dict:

@@ -93,15 +93,24 @@ def mesh_devices(cfg) -> list | None:
 
 def split_devices(cfg) -> tuple[list | None, list | None]:
     """(the training mesh's devices, the samplers' devices): `mesh_devices` and None, or with
-    `mesh.rollout_devices = r` the run's devices split, the last r sampling, the others training."""
+    `mesh.rollout_devices = r` the run's devices split: on each of the P processes (hosts) the
+    last r / P of its devices sample, the others of every process train (one training mesh
+    across the hosts; each host's rollouts stay on its own devices, docs/async_training.md)."""
     r = cfg.mesh.rollout_devices
     if not r:
         return mesh_devices(cfg), None
     devices = mesh_devices(cfg) or jax.devices()
-    if jax.process_count() > 1 or not 0 < r < len(devices):
-        raise ValueError(f"config.mesh.rollout_devices={r}: a split needs 1 <= n < {len(devices)} (the run's "
-                         f"devices) and one process (have {jax.process_count()})")
-    return devices[:-r], devices[-r:]
+    hosts = jax.process_count()
+    per_host = len(devices) // hosts
+    k = r // hosts  # each host's rollout devices
+    # On several processes the weights pass through a staging layout of k devices a row on the
+    # training devices (`local_mesh.to_local`): a host's training devices come in groups of k.
+    if r % hosts or not 0 < k < per_host or (hosts > 1 and (per_host - k) % k):
+        raise ValueError(f"config.mesh.rollout_devices={r}: a split needs 1 <= n < {len(devices)} (the run's devices), "
+                         f"on {hosts} processes of {per_host} devices the same n / {hosts} of each, with the rest "
+                         "of each process's devices a multiple of it")
+    rollout = {d for p in range(hosts) for d in [d for d in devices if d.process_index == p][-k:]}
+    return [d for d in devices if d not in rollout], [d for d in devices if d in rollout]
 
 
 def build_job(cfg) -> tuple[Job, Any]:

@@ -187,9 +187,12 @@ class JobSpec:
 
     def rollout_mesh(self, train_mesh, rollout_devices: list | None = None) -> tuple:
         """(mesh, rules) the samplers run on: this process's devices of the training mesh
-        (`multihost.rollout_mesh`), or a split pod's `rollout_devices`, tensor parallel."""
+        (`multihost.rollout_mesh`), or this process's of a split pod's `rollout_devices`,
+        tensor parallel (`sampler_devices` > 0: the first that many)."""
         if rollout_devices:
             mesh = local_mesh(rollout_devices)
+            if self.sampler_devices:
+                mesh = local_mesh(list(mesh.devices.flat)[:self.sampler_devices])
             return mesh, local_rules(self.model, mesh.shape["tensor"])
         return rollout_mesh(self.model, train_mesh, devices=self.sampler_devices)
 

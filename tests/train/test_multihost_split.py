@@ -1,0 +1,75 @@
+"""A split pod on several processes (`mesh.rollout_devices`): on 2 processes x 2 devices, one
+device of each process trains (one training mesh over both processes) and the other samples
+that process's share of the groups; after each update the weights move from the training
+mesh to every process's rollout device, device to device, by a collective the main thread
+issues at publish. The run equals the same split on 1 process x 4 devices."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.train.test_multihost import _env, _free_port
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost_split_worker.py")
+
+
+def _launch(n: int, out: str) -> list:
+    """Starts `n` processes of the worker (without waiting): the 1-process reference and the
+    2-process run share the machine's cores."""
+    os.makedirs(out, exist_ok=True)
+    port = str(_free_port())
+    return [subprocess.Popen([sys.executable, WORKER, str(i), str(n), port, out], env=_env(exact=True),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(n)]
+
+
+def _results(procs: list, out: str) -> list[dict]:
+    for p in procs:
+        log, _ = p.communicate(timeout=900)
+        assert p.returncode == 0, log[-3000:]
+    return [json.load(open(os.path.join(out, f"process{i}.json"))) for i in range(len(procs))]
+
+
+@pytest.mark.slow
+def test_a_split_pod_on_two_processes_matches_one_process(tmp_path):
+    one_dir, two_dir = str(tmp_path / "one"), str(tmp_path / "two")
+    one_procs, two_procs = _launch(1, one_dir), _launch(2, two_dir)
+    (one,), two = _results(one_procs, one_dir), _results(two_procs, two_dir)
+
+    # Where each part lives: the state on the training devices, each version's copy on the
+    # process's own rollout device (1 process: devices 0, 1 train and device 2 of 2, 3 samples).
+    training = sorted(run["local_devices"][0] for run in two)  # each process's first device trains
+    for run in two:
+        rollout_device = run["local_devices"][1]
+        assert [(p["state_devices"], p["copy_devices"]) for p in run["published"]] == [(training, [rollout_device])]
+    assert [(p["state_devices"], p["copy_devices"]) for p in one["published"]] == [([0, 1], [2])]
+    # Version 1 (after the first update; version 1 + 1 + k = 3 samples with it) is published,
+    # on every process bitwise the training state's parameters, with host transfers forbidden.
+    for run in [one] + two:
+        assert [p["version"] for p in run["published"]] == [1] and run["published"][0]["equal"]
+    np.testing.assert_allclose(two[0]["published"][0]["checksum"], one["published"][0]["checksum"], rtol=1e-5)
+
+    # The same episodes: each process ran its half of the groups, token for token the one-process ones.
+    key = lambda e: tuple(e[:3])  # noqa: E731 (step, group, task id)
+    ran_two = sorted(two[0]["ran"] + two[1]["ran"], key=key)
+    ran_one = sorted(one["ran"], key=key)
+    assert two[0]["ran"] and two[1]["ran"] and len(ran_two) == len(ran_one) == 3 * 2 * 2
+    for e_two, e_one in zip(ran_two, ran_one):
+        assert e_two[:3] == e_one[:3] and e_two[4:] == e_one[4:], e_one[:3]
+        np.testing.assert_allclose(e_two[3], e_one[3], rtol=1e-5)
+    # The same metrics, on every process (the schedule: steps 1, 2 sampled by version 0, step 3 by 1).
+    rows = 2 * 2
+    assert [(h["rollout/staleness_0"], h["rollout/staleness_1"]) for h in one["history"]] == \
+        [(rows, 0), (0, rows), (0, rows)]
+    assert sum(h["train/grad_norm"] > 0 for h in one["history"]) >= 1
+    for run in two:
+        for h_two, h_one in zip(run["history"], one["history"], strict=True):
+            assert h_two.keys() == h_one.keys()
+            for k, v in h_one.items():
+                if isinstance(v, str):  # the bandit's arm
+                    assert h_two[k] == v, k
+                elif not k.startswith("time/"):
+                    np.testing.assert_allclose(h_two[k], v, rtol=1e-5, atol=1e-7, err_msg=k)
