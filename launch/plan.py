@@ -2,6 +2,7 @@
 
   python launch/plan.py --config fee.py [--config.FIELD=VALUE ...] --hbm-gb 16 --devices 8 [--json]
   python launch/plan.py --config fee.py --target v5e-8 --search
+  python launch/plan.py --config fee_async.py --devices 32 --hosts 4 --config.mesh.rollout_devices=8
 
 Per device: parameters, optimizer state, gradients, activations (XLA's memory analysis of the
 train step compiled for the run's largest batch, under its remat policy), the sampler's weights
@@ -42,6 +43,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--target", choices=sorted(TARGETS), help="a slice: sets --devices and --hbm-gb")
     p.add_argument("--devices", type=int, default=8, help="devices of the mesh (fake CPU ones without an accelerator)")
     p.add_argument("--hbm-gb", type=float, default=16.0, help="memory per device, GB")
+    p.add_argument("--hosts", type=int, default=1, help="processes (hosts) the devices belong to, as many each: "
+                   "each samples its share of the groups; a split pod (mesh.rollout_devices) samples on the last of each")
     p.add_argument("--platform", choices=("tpu", "gpu", "portable"), default=None,
                    help="whose attention kernel the plan counts (default: the target's, else portable)")
     p.add_argument("--search", action="store_true", help="double rl.micro_batches until the train phase fits")
@@ -65,7 +68,8 @@ def main(argv: list[str]) -> int:
         print(f"error: {devices} devices asked, {jax.device_count()} present", file=sys.stderr)
         return 2
     try:
-        result = memory_plan.plan(cfg, hbm_bytes=hbm_gb * 1e9, devices=jax.devices()[:devices], platform=platform)
+        result = memory_plan.plan(cfg, hbm_bytes=hbm_gb * 1e9, devices=jax.devices()[:devices], platform=platform,
+                                  hosts=args.hosts)
         searched = None  # why --search stopped
         while args.search:
             if result.train_peak <= result.hbm_bytes:
@@ -80,7 +84,8 @@ def main(argv: list[str]) -> int:
                             "would add only padding rows: see the advice")
                 break
             cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, micro_batches=mb))
-            result = memory_plan.plan(cfg, hbm_bytes=hbm_gb * 1e9, devices=jax.devices()[:devices], platform=platform)
+            result = memory_plan.plan(cfg, hbm_bytes=hbm_gb * 1e9, devices=jax.devices()[:devices], platform=platform,
+                                      hosts=args.hosts)
     except (ValueError, OSError) as e:  # a mesh that does not divide the devices, a missing checkpoint
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -89,7 +94,7 @@ def main(argv: list[str]) -> int:
         print(json.dumps({**result.to_dict(), "micro_batches": cfg.rl.micro_batches, "advice": advice,
                           **({"search": searched} if searched else {})}))
     else:
-        where = args.target or f"{devices} devices"
+        where = (args.target or f"{devices} devices") + (f" on {args.hosts} hosts" if args.hosts > 1 else "")
         print(f"memory plan per device, {where} of {hbm_gb:g} GB (rl.micro_batches={cfg.rl.micro_batches}):")
         print(result.table())
         for note in result.notes:

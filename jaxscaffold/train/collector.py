@@ -28,7 +28,8 @@ collective (one process's thread and main thread would issue theirs in a differe
 another's, which deadlocks or mixes their data). So:
 - parameters: the main thread converts every version it hands over (the initial one, then each
   `publish`, at the same point of the loop on every process) to the samplers' arrays on this
-  process's devices (`sampler_params`, a collective); `collect` and partial rollouts' refresh
+  process's devices (`sampler_params`, a collective; on a split pod, `mesh.rollout_devices`,
+  the move onto this process's rollout devices); `collect` and partial rollouts' refresh
   take those as they are;
 - gathers inside `collect` (metrics, DAPO's mid-collect decision on every process's groups, the
   bandit's signal) go over the coordination service's key-value store (`multihost.StoreGather`,

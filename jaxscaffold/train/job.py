@@ -20,7 +20,7 @@ from jaxscaffold.models.tokenizer import load_tokenizer
 from jaxscaffold.rl.train_step import init_train_state, state_shardings
 from jaxscaffold.rollout.engine import Sampler
 from jaxscaffold.train.job_spec import (JobSpec, base_dtype, correction, lora_config,  # noqa: F401 (for callers)
-                                        model_config, optimizer_config)
+                                        model_config, optimizer_config, split_pod)
 from jaxscaffold.train.vocabularies import word_tokenizer
 
 
@@ -100,17 +100,7 @@ def split_devices(cfg) -> tuple[list | None, list | None]:
     if not r:
         return mesh_devices(cfg), None
     devices = mesh_devices(cfg) or jax.devices()
-    hosts = jax.process_count()
-    per_host = len(devices) // hosts
-    k = r // hosts  # each host's rollout devices
-    # On several processes the weights pass through a staging layout of k devices a row on the
-    # training devices (`local_mesh.to_local`): a host's training devices come in groups of k.
-    if r % hosts or not 0 < k < per_host or (hosts > 1 and (per_host - k) % k):
-        raise ValueError(f"config.mesh.rollout_devices={r}: a split needs 1 <= n < {len(devices)} (the run's devices), "
-                         f"on {hosts} processes of {per_host} devices the same n / {hosts} of each, with the rest "
-                         "of each process's devices a multiple of it")
-    rollout = {d for p in range(hosts) for d in [d for d in devices if d.process_index == p][-k:]}
-    return [d for d in devices if d not in rollout], [d for d in devices if d in rollout]
+    return split_pod(devices, [d.process_index for d in devices], r)
 
 
 def build_job(cfg) -> tuple[Job, Any]:

@@ -33,6 +33,26 @@ from jaxscaffold.train.vocabularies import word_tokenizer
 from jaxscaffold.train.waves import sampler_rows
 
 
+def split_pod(devices: list, hosts: list[int], rollout_devices: int) -> tuple[list, list]:
+    """A split pod's (training devices, rollout devices) of `devices` (`mesh.rollout_devices`),
+    `hosts[i]` the host (process) of `devices[i]`: on each of the P hosts its last r / P
+    devices sample, and the others of every host form one training mesh, each list in the
+    order of `devices`. Each host's rollouts stay on its own devices (docs/async_training.md).
+    On several hosts the weights pass through a staging layout of r / P training devices
+    (`local_mesh.to_local`), so a host's training devices must come in groups of that many."""
+    r, count = rollout_devices, len(set(hosts))
+    per_host = len(devices) // count
+    k = r // count
+    if r % count or not 0 < k < per_host or (count > 1 and (per_host - k) % k):
+        raise ValueError(f"config.mesh.rollout_devices={r}: a split needs 1 <= n < {len(devices)} (the run's devices), "
+                         f"on {count} processes of {per_host} devices the same n / {count} of each, with the rest "
+                         "of each process's devices a multiple of it")
+    rollout = set()
+    for h in sorted(set(hosts)):
+        rollout.update([d for d, host in zip(devices, hosts) if host == h][-k:])
+    return [d for d in devices if d not in rollout], [d for d in devices if d in rollout]
+
+
 def lora_config(lo: config_lib.Lora | None) -> lora_lib.LoraConfig | None:
     """The adapters of a run's `lora` section (None: full fine-tuning; configs written before
     LoRA have no section)."""

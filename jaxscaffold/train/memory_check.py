@@ -48,7 +48,7 @@ def check_fits(cfg: RunConfig, devices: list | None = None) -> memory_plan.Memor
     if hbm is None:
         log.debug("memory check skipped: %s reports no memory limit (set memory.hbm_gb)", devices[0].platform)
         return None
-    result = memory_plan.plan(cfg, hbm_bytes=hbm, devices=devices)
+    result = memory_plan.plan(cfg, hbm_bytes=hbm, devices=devices, hosts=jax.process_count())
     if not result.fits():
         raise PlanDoesNotFit(
             f"the run does not fit {len(devices)} device(s) of {hbm / 1e9:.1f} GB: " + "; ".join(result.advice(cfg))

@@ -15,7 +15,9 @@ the train phase (state + step temporaries) and the rollout phase (state + sample
 `rollout.max_staleness` k > 0 the phases overlap on shared devices (their sum, plus the k
 published copies of the policy the collector holds); with `mesh.rollout_devices` r > 0 the
 training devices hold the train phase and the r rollout devices the sampler (and the copies),
-each part planned on its own devices (`peak`: the larger of the two).
+each part planned on its own devices (`peak`: the larger of the two); on H hosts (`hosts`) the
+last r / H devices of each sample, and each publish stages the sampler's weights on the
+training devices first (`staging`, counted in the train phase).
 `rows_that_fit`: how many sampler rows the memory the rollout phase leaves for the KV cache
 holds, contiguous (each row `rollout.max_len` slots) against paged (each row its filled
 tokens in whole pages of `rollout.page_size`, at a mean fill of 1/2 and 1/8 of max_len).
@@ -42,7 +44,7 @@ from jaxscaffold.config import RunConfig
 from jaxscaffold.models import qwen3
 from jaxscaffold.models.sharding import make_mesh
 from jaxscaffold.rl.train_step import BATCH_AXES, TrainState, batch_shardings, init_train_state, state_shardings
-from jaxscaffold.train.job_spec import JobSpec
+from jaxscaffold.train.job_spec import JobSpec, split_pod
 
 GB = 1e9
 
@@ -64,6 +66,7 @@ class MemoryPlan:
     frozen_base: int = 0  # LoRA: the frozen base weights (params, opt_state, grads: the adapters')
     rollout_devices: int = 0  # a split pod: devices that only sample (`mesh.rollout_devices`)
     published: int = 0  # rollout.max_staleness > 0: the policy copies the collector holds
+    staging: int = 0  # a split pod on several hosts: the weights staged on a training device at publish
     attention_kernel: str = ""  # the training attention kernel the target's backend runs
     kv_token_bytes: float = 0.0  # per device, the keys and values of one token of one row (all layers)
     max_len: int = 0  # the sampler's context (slots a contiguous row reserves)
@@ -79,7 +82,7 @@ class MemoryPlan:
         update = self.state + self.grads + (self.activations or 0)
         if self.published and not self.rollout_devices:  # overlapped: the sampler's part at once
             return update + self.sampler_weights + self.kv_cache + self.published
-        return update
+        return max(update, self.state + self.staging)
 
     @property
     def rollout_peak(self) -> int:
@@ -151,6 +154,7 @@ class MemoryPlan:
                 ("KL reference parameters", self.reference), ("LoRA frozen base", self.frozen_base),
                 ("sampler weights", self.sampler_weights),
                 ("KV cache", self.kv_cache), ("published policy copies (staleness)", self.published),
+                ("publish staging (split pod, hosts)", self.staging),
                 ("peak, train phase" + (" (training devices)" if self.rollout_devices else ""), self.train_peak),
                 ("peak, rollout phase" + (f" ({self.rollout_devices} rollout devices)" if self.rollout_devices else ""),
                  self.rollout_peak)]
@@ -199,17 +203,20 @@ def worst_case_batch(cfg: RunConfig) -> tuple[int, int, int]:
 
 
 def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compile_step: bool = True,
-         platform: str = "portable") -> MemoryPlan:
+         platform: str = "portable", hosts: int = 1) -> MemoryPlan:
     """The memory plan of `cfg` on `devices` (default: all), e.g. fake CPU devices of a pod's count,
-    for a `platform` ("tpu", "gpu" or "portable"), whose backend chooses the attention kernel.
+    for a `platform` ("tpu", "gpu" or "portable"), whose backend chooses the attention kernel;
+    `hosts`: the processes the devices belong to, in equal consecutive blocks (each samples its
+    share of the groups on its own devices; a split pod's rollout devices are the last of each).
     Everything but the batch's shape comes from `JobSpec.from_config(cfg)`, as `build_job`'s does."""
     devices = list(jax.devices() if devices is None else devices)
-    spec = JobSpec.from_config(cfg)
+    if hosts < 1 or len(devices) % hosts:
+        raise ValueError(f"{len(devices)} devices do not split into {hosts} hosts of as many devices")
+    spec = JobSpec.from_config(cfg, processes=hosts)
     split = spec.rollout_devices
-    if split and not 0 < split < len(devices):
-        raise ValueError(f"config.mesh.rollout_devices={split} leaves none of the {len(devices)} devices to train")
-    rollout_part = devices[len(devices) - split:] if split else None
-    mesh = make_mesh(spec.mesh, devices[:len(devices) - split])
+    host_of = [i * hosts // len(devices) for i in range(len(devices))]
+    train_part, rollout_part = split_pod(devices, host_of, split) if split else (devices, None)
+    mesh = make_mesh(spec.mesh, train_part)
     config = spec.model
     optimizer = spec.optimizer.make()
     param_shapes = qwen3.param_shapes(config)
@@ -265,7 +272,10 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
 
     # The sampler: rows of this process's share of the groups, its cache as it is built.
     # A split pod samples on its rollout devices (`job.split_devices`); else each process on its own.
-    local, local_rules = spec.rollout_mesh(mesh, rollout_part)
+    sampler_part = rollout_part or (devices if hosts > 1 else None)  # a split's, or each host's own devices
+    if sampler_part and hosts > 1:
+        sampler_part = sampler_part[:len(sampler_part) // hosts]  # the first host's stand for every host's
+    local, local_rules = spec.rollout_mesh(mesh, sampler_part)
     sampler = spec.sampler.build(config, mesh=local, rules=local_rules, layout="stacked")
     cache = jax.eval_shape(sampler.init_state)
     cache_sh = sampler.programs.state_shardings()
@@ -294,13 +304,18 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
     c = cfg.rollout
     published = c.max_staleness * sampler_weights if rollout_part else (c.max_staleness + 1) * policy
     published = published if c.max_staleness else 0
+    # Several hosts, split: the publish stages the weights on the training devices in the
+    # sampler's layout (`local_mesh.to_local`), next to the state, after the step's temporaries are freed.
+    staging = sampler_weights if split and hosts > 1 else 0
     if split:
-        notes.append(f"a split pod: {len(devices) - split} devices train, {split} sample")
+        notes.append(f"a split pod: {len(devices) - split} devices train, {split} sample"
+                     + (f" (the last {split // hosts} of each of the {hosts} hosts; publishing stages the "
+                        "sampler's weights on the training devices)" if hosts > 1 else ""))
     if c.max_staleness:
         notes.append(f"rollout.max_staleness={c.max_staleness}: up to {c.max_staleness + 1} policy copies held for the collector"
                      + ("" if split else "; rollouts overlap the update on the same devices"))
     return MemoryPlan(len(devices), hbm_bytes, params, opt_state, grads, activations, reference, sampler_weights,
-                      kv, tuple(notes), frozen_base=frozen_base, rollout_devices=split, published=published,
+                      kv, tuple(notes), frozen_base=frozen_base, rollout_devices=split, published=published, staging=staging,
                       attention_kernel=kernel, kv_token_bytes=kv_token, max_len=sampler.max_len,
                       page_size=cfg.rollout.page_size)
 

@@ -4,14 +4,18 @@ that process's share of the groups; after each update the weights move from the 
 mesh to every process's rollout device, device to device, by a collective the main thread
 issues at publish. The run equals the same split on 1 process x 4 devices."""
 
+import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
+from tests.train.configs import ROOT
 from tests.train.test_multihost import _env, _free_port
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost_split_worker.py")
@@ -73,3 +77,64 @@ def test_a_split_pod_on_two_processes_matches_one_process(tmp_path):
                     assert h_two[k] == v, k
                 elif not k.startswith("time/"):
                     np.testing.assert_allclose(h_two[k], v, rtol=1e-5, atol=1e-7, err_msg=k)
+
+
+def _plan(hosts: int, **overrides):
+    from jaxscaffold import config as config_lib
+    from jaxscaffold.train import memory_plan
+    from tests.train.configs import tiny_config
+
+    cfg = config_lib.typed(tiny_config("unused", **{
+        "mesh.devices": 0, "mesh.data": 1, "mesh.fsdp": -1, "rollout.tasks_per_step": 4, "rollout.group_size": 2,
+        "rollout.max_staleness": 1, "mesh.rollout_devices": 4, **overrides}))
+    return memory_plan.plan(cfg, hbm_bytes=16e9, devices=jax.devices()[:8], compile_step=False, hosts=hosts)
+
+
+def test_the_plan_counts_a_split_over_hosts_per_device():
+    """8 devices, 4 of them sampling: on 1 host the last 4; on 2 hosts of 4 the last 2 of each,
+    each host sampling its half of the groups on them. Counted per device against byte counts
+    of the tiny model (2 layers, 2 kv heads of 16, f32)."""
+    from jaxscaffold.models import config as model_config_lib
+    from jaxscaffold.models import qwen3
+
+    one, two = _plan(1), _plan(2)
+    total = sum(math.prod(s.shape) * s.dtype.itemsize for s in jax.tree.leaves(qwen3.param_shapes(
+        model_config_lib.tiny())))
+    # Training devices: 4 either way, the state sharded (fsdp) over them alike.
+    assert two.params == one.params and two.opt_state == one.opt_state and one.params >= total / 4
+    # Sampler weights: tensor parallel over each host's rollout devices (the norms replicated).
+    assert total / 4 <= one.sampler_weights <= 1.01 * total / 4
+    assert total / 2 <= two.sampler_weights <= 1.01 * total / 2
+    # A token's keys and values on a device: 2 layers x its kv heads x 16 x 2 x 4 bytes; 2 kv
+    # heads do not split over 4 devices (replicated) but do over 2; and each host's cache holds
+    # its half of the rows.
+    assert one.kv_token_bytes == 2 * 2 * 16 * 2 * 4 and two.kv_token_bytes == 2 * 1 * 16 * 2 * 4
+    assert two.kv_cache < one.kv_cache
+    # Publishing on 2 hosts stages the sampler's layout on the training devices; the rollout
+    # devices hold the sampler's weights and the k = 1 published copy.
+    assert one.staging == 0 and two.staging == two.sampler_weights
+    assert two.train_peak == max(two.state + two.grads, two.state + two.staging)
+    assert two.rollout_peak == 2 * two.sampler_weights + two.kv_cache
+    # Splits that do not fit the hosts are refused, naming the field.
+    for hosts, r in ((2, 3), (2, 6), (2, 8)):  # not even over the hosts; 1 left to train of 3 staged; none left
+        with pytest.raises(ValueError, match=f"config.mesh.rollout_devices={r}: "):
+            _plan(hosts, **{"mesh.rollout_devices": r})
+
+
+def test_launch_plan_takes_the_hosts(capsys):
+    """launch/plan.py --hosts: the JSON figures are the plan's on that many hosts; a split that
+    does not fit them is a one-line error, exit 2."""
+    spec = importlib.util.spec_from_file_location("plan_cli", os.path.join(ROOT, "launch", "plan.py"))
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    args = ["--config", "tiny.py", "--config.mesh.devices=0", "--config.mesh.data=1", "--config.mesh.fsdp=-1",
+            "--config.rollout.tasks_per_step=4", "--config.rollout.group_size=2", "--config.rollout.max_staleness=1",
+            "--devices", "8", "--hosts", "2"]
+    assert cli.main(args + ["--config.mesh.rollout_devices=4", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    planned = _plan(2)
+    for key in ("params", "sampler_weights", "kv_cache", "staging", "published", "rollout_peak"):
+        assert printed[key] == getattr(planned, key), key
+    assert cli.main(args + ["--config.mesh.rollout_devices=3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("error: config.mesh.rollout_devices=3: ")
