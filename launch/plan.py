@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
                 searched = f"the train phase fits with rl.micro_batches={cfg.rl.micro_batches}"
                 break
             mb = cfg.rl.micro_batches * 2
-            data_parallel = devices // max(1, cfg.mesh.tensor)
+            data_parallel = (devices - cfg.mesh.rollout_devices) // max(1, cfg.mesh.tensor)  # the training devices
             rows = memory_plan.worst_case_batch(cfg)[0]
             if mb * data_parallel > rows:  # past one row per device a micro-batch: only padding rows would be added
                 searched = (f"the train phase does not fit even at rl.micro_batches={cfg.rl.micro_batches}, one row "

@@ -102,17 +102,18 @@ def _onto_other_devices(params: dict, config: Qwen3Config, source: set, mesh: Me
                          f"sampler devices; have {[len(r) for r in rows]}")
     staging = Mesh(np.asarray(rows, dtype=object).reshape(len(rows), -1, m), MESH_AXES, axis_types=_AUTO)
     placed = jax.device_put(params, qwen3.param_shardings(config, staging, rules))  # the collective
-    group = list(staging.devices[jax.process_index(), 0])
-    targets = list(mesh.devices.flat)
-
-    def move(x):
-        by_device = {s.device: s.data for s in x.addressable_shards}
-        moved = dict(zip(targets, jax.device_put([by_device[d] for d in group], targets)))
+    group, targets = list(staging.devices[jax.process_index(), 0]), list(mesh.devices.flat)
+    leaves, treedef = jax.tree.flatten(placed)
+    shards = [{s.device: s.data for s in x.addressable_shards} for x in leaves]
+    # One batched copy of every leaf's group shards, shard j onto rollout device j.
+    moved = jax.device_put([by_device[d] for by_device in shards for d in group], targets * len(leaves))
+    out = []
+    for i, x in enumerate(leaves):
+        on = dict(zip(targets, moved[i * m:(i + 1) * m]))
         sharding = NamedSharding(mesh, x.sharding.spec)  # the spec names only `tensor`
-        return jax.make_array_from_single_device_arrays(
-            x.shape, sharding, [moved[d] for d in sharding.addressable_devices_indices_map(x.shape)])
-
-    return jax.tree.map(move, placed)
+        out.append(jax.make_array_from_single_device_arrays(
+            x.shape, sharding, [on[d] for d in sharding.addressable_devices_indices_map(x.shape)]))
+    return jax.tree.unflatten(treedef, out)
 
 
 def _identity(tree, out_shardings):
