@@ -72,7 +72,11 @@ def to_local(params: dict, config: Qwen3Config, mesh: Mesh, rules: ShardingRules
     """The model's parameters (any shardings, possibly spanning processes) as this process's
     arrays on its `local_mesh` `mesh`, sharded by the logical axes under `rules`
     (`local_rules`). A collective on several processes (every process calls it, in the same
-    order); the copy is device to device."""
+    order); the copy is device to device. `mesh` may hold none of the parameters' devices (a
+    split pod's rollout devices)."""
+    source = set().union(*(x.sharding.device_set for x in jax.tree.leaves(params)))
+    if not set(mesh.devices.flat) <= source:  # a split pod: the parameters are on the training devices only
+        return _onto_other_devices(params, config, source, mesh, rules)
     if jax.process_count() == 1:
         # A jitted identity: on device (jax.device_put of a fully addressable array may reshard
         # through the host); the parameters must be on `mesh`'s devices in its order (jax.devices()'s).
@@ -80,9 +84,6 @@ def to_local(params: dict, config: Qwen3Config, mesh: Mesh, rules: ShardingRules
     # Arrays spanning processes onto a mesh of the same devices (in any order): jax.device_put
     # reshards them on device, a collective (its transfers pass jax.transfer_guard's
     # "disallow_explicit" for host <-> device: tests/train/test_multihost_rollout.py).
-    source = set().union(*(x.sharding.device_set for x in jax.tree.leaves(params)))
-    if not set(mesh.devices.flat) <= source:  # a split pod: the parameters are on the training devices only
-        return _onto_other_devices(params, config, source, mesh, rules)
     placed = jax.device_put(params, qwen3.param_shardings(config, process_rows_mesh(), rules))
     return jax.tree.map(lambda x: _local_view(x, mesh), placed)
 
@@ -101,7 +102,9 @@ def _onto_other_devices(params: dict, config: Qwen3Config, source: set, mesh: Me
         raise ValueError(f"a split pod needs as many training devices on every process, a multiple of its {m} "
                          f"sampler devices; have {[len(r) for r in rows]}")
     staging = Mesh(np.asarray(rows, dtype=object).reshape(len(rows), -1, m), MESH_AXES, axis_types=_AUTO)
-    placed = jax.device_put(params, qwen3.param_shardings(config, staging, rules))  # the collective
+    target = qwen3.param_shardings(config, staging, rules)
+    # (one process: the jitted identity, on device as in `to_local`; several: the collective)
+    placed = _identity(params, out_shardings=target) if jax.process_count() == 1 else jax.device_put(params, target)
     group, targets = list(staging.devices[jax.process_index(), 0]), list(mesh.devices.flat)
     leaves, treedef = jax.tree.flatten(placed)
     shards = [{s.device: s.data for s in x.addressable_shards} for x in leaves]

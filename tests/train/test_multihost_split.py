@@ -138,3 +138,29 @@ def test_launch_plan_takes_the_hosts(capsys):
     assert cli.main(args + ["--config.mesh.rollout_devices=3"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("error: config.mesh.rollout_devices=3: ")
+
+
+def test_the_move_to_rollout_devices_copies_each_shard_to_its_device():
+    """`to_local` onto devices that hold none of the parameters (a split pod), with host
+    transfers forbidden: the training state fsdp over devices 0-3, a host's sampler tensor
+    parallel over devices 6 and 7 (the 2-process test moves onto one device, so this is where
+    shard j of the staging group must land on rollout device j)."""
+    from jaxscaffold.models import config as model_config_lib
+    from jaxscaffold.models import qwen3
+    from jaxscaffold.models.local_mesh import local_mesh, local_rules, to_local
+    from jaxscaffold.models.sharding import MeshConfig, make_mesh
+
+    config = model_config_lib.tiny()
+    devices = jax.devices()[:8]
+    params = qwen3.init_params(config, jax.random.key(0), mesh=make_mesh(MeshConfig(1, -1, 1), devices[:4]))
+    mesh = local_mesh(devices[6:8])
+    rules = local_rules(config, 2)
+    with jax.transfer_guard_host_to_device("disallow"), jax.transfer_guard_device_to_host("disallow"):
+        moved = to_local(params, config, mesh, rules)
+    want = qwen3.param_shardings(config, mesh, rules)
+    for x, y, s in zip(jax.tree.leaves(params), jax.tree.leaves(moved), jax.tree.leaves(want), strict=True):
+        assert y.sharding.is_equivalent_to(s, y.ndim) and y.sharding.device_set == set(devices[6:8])
+        assert np.array_equal(np.asarray(x), np.asarray(y))
+        for shard in y.addressable_shards:  # each device holds its own slice (not only the whole agrees)
+            assert np.array_equal(np.asarray(shard.data), np.asarray(x)[shard.index])
+    assert any(not s.is_fully_replicated for s in jax.tree.leaves(want))  # something is split over the two
