@@ -2,11 +2,14 @@
 
   python launch/plan.py --config fee.py [--config.FIELD=VALUE ...] --hbm-gb 16 --devices 8 [--json]
   python launch/plan.py --config fee.py --target v5e-8 --search
+  python launch/plan.py --config fee_async.py --devices 16 --processes 4   # a pod of 4 hosts x 4 devices
 
 Per device: parameters, optimizer state, gradients, activations (XLA's memory analysis of the
 train step compiled for the run's largest batch, under its remat policy), the sampler's weights
 and KV cache; the peak of the train and rollout phases against the device's memory, and what to
-change when it does not fit. Without an accelerator the mesh is made of fake CPU devices
+change when it does not fit. `--processes P`: the devices are P hosts' (each samples its share of
+the groups on its own devices, and with rollout.max_staleness = k holds the collector's k + 1
+versions in the samplers' layout). Without an accelerator the mesh is made of fake CPU devices
 (`--devices`), so the activation figure is XLA:CPU's estimate of the accelerator's.
 `--search` doubles rl.micro_batches (recompiling) until the train phase fits, and says why it
 stopped: the number that fits, or that one row per device a micro-batch still does not. Exit code 0 when the plan fits, 1 when it does not, 2 on a bad argument.
@@ -44,6 +47,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--hbm-gb", type=float, default=16.0, help="memory per device, GB")
     p.add_argument("--platform", choices=("tpu", "gpu", "portable"), default=None,
                    help="whose attention kernel the plan counts (default: the target's, else portable)")
+    p.add_argument("--processes", type=int, default=1,
+                   help="hosts (processes) the devices are spread over, each sampling on its own")
     p.add_argument("--search", action="store_true", help="double rl.micro_batches until the train phase fits")
     p.add_argument("--json", action="store_true", help="one JSON object")
     if show_help:
@@ -65,7 +70,8 @@ def main(argv: list[str]) -> int:
         print(f"error: {devices} devices asked, {jax.device_count()} present", file=sys.stderr)
         return 2
     try:
-        result = memory_plan.plan(cfg, hbm_bytes=hbm_gb * 1e9, devices=jax.devices()[:devices], platform=platform)
+        result = memory_plan.plan(cfg, hbm_bytes=hbm_gb * 1e9, devices=jax.devices()[:devices], platform=platform,
+                                  processes=args.processes)
         searched = None  # why --search stopped
         while args.search:
             if result.train_peak <= result.hbm_bytes:
@@ -80,7 +86,8 @@ def main(argv: list[str]) -> int:
                             "would add only padding rows: see the advice")
                 break
             cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, micro_batches=mb))
-            result = memory_plan.plan(cfg, hbm_bytes=hbm_gb * 1e9, devices=jax.devices()[:devices], platform=platform)
+            result = memory_plan.plan(cfg, hbm_bytes=hbm_gb * 1e9, devices=jax.devices()[:devices], platform=platform,
+                                  processes=args.processes)
     except (ValueError, OSError) as e:  # a mesh that does not divide the devices, a missing checkpoint
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -90,7 +97,8 @@ def main(argv: list[str]) -> int:
                           **({"search": searched} if searched else {})}))
     else:
         where = args.target or f"{devices} devices"
-        print(f"memory plan per device, {where} of {hbm_gb:g} GB (rl.micro_batches={cfg.rl.micro_batches}):")
+        hosts = f" on {args.processes} processes" if args.processes > 1 else ""
+        print(f"memory plan per device, {where} of {hbm_gb:g} GB{hosts} (rl.micro_batches={cfg.rl.micro_batches}):")
         print(result.table())
         for note in result.notes:
             print(f"note: {note}")

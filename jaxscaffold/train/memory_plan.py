@@ -12,10 +12,14 @@ measures, per device:
 Nothing is allocated: parameters are `jax.eval_shape`d and programs lowered for abstract
 arguments. The training state stays resident while rollouts run, so the peak is the larger of
 the train phase (state + step temporaries) and the rollout phase (state + sampler). With
-`rollout.max_staleness` k > 0 the phases overlap on shared devices (their sum, plus the k
-published copies of the policy the collector holds); with `mesh.rollout_devices` r > 0 the
+`rollout.max_staleness` k > 0 the phases overlap on shared devices (their sum, plus the k + 1
+published copies of the policy the collector holds: on one process in the training layout, on
+several in the samplers' layout, one of them the weights it decodes with, so k more than a
+synchronous run holds); with `mesh.rollout_devices` r > 0 the
 training devices hold the train phase and the r rollout devices the sampler (and the copies),
-each part planned on its own devices (`peak`: the larger of the two).
+each part planned on its own devices (`peak`: the larger of the two). On several processes
+(`processes`, a pod's hosts; fake devices of one process stand in for them) each samples its
+share of the groups on its own devices.
 `rows_that_fit`: how many sampler rows the memory the rollout phase leaves for the KV cache
 holds, contiguous (each row `rollout.max_len` slots) against paged (each row its filled
 tokens in whole pages of `rollout.page_size`, at a mean fill of 1/2 and 1/8 of max_len).
@@ -64,6 +68,7 @@ class MemoryPlan:
     frozen_base: int = 0  # LoRA: the frozen base weights (params, opt_state, grads: the adapters')
     rollout_devices: int = 0  # a split pod: devices that only sample (`mesh.rollout_devices`)
     published: int = 0  # rollout.max_staleness > 0: the policy copies the collector holds
+    processes: int = 1  # hosts sharing the devices, each sampling on its own
     attention_kernel: str = ""  # the training attention kernel the target's backend runs
     kv_token_bytes: float = 0.0  # per device, the keys and values of one token of one row (all layers)
     max_len: int = 0  # the sampler's context (slots a contiguous row reserves)
@@ -199,12 +204,18 @@ def worst_case_batch(cfg: RunConfig) -> tuple[int, int, int]:
 
 
 def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compile_step: bool = True,
-         platform: str = "portable") -> MemoryPlan:
+         platform: str = "portable", processes: int | None = None) -> MemoryPlan:
     """The memory plan of `cfg` on `devices` (default: all), e.g. fake CPU devices of a pod's count,
     for a `platform` ("tpu", "gpu" or "portable"), whose backend chooses the attention kernel.
-    Everything but the batch's shape comes from `JobSpec.from_config(cfg)`, as `build_job`'s does."""
+    `processes` (default JAX's count): the hosts `devices` are spread over, each sampling its
+    share of the groups on its own `len(devices) / processes` devices (on fake devices of one
+    process, the first ones stand in for a host's). Everything but the batch's shape comes
+    from `JobSpec.from_config(cfg)`, as `build_job`'s does."""
     devices = list(jax.devices() if devices is None else devices)
-    spec = JobSpec.from_config(cfg)
+    processes = jax.process_count() if processes is None else processes
+    if processes < 1 or len(devices) % processes:
+        raise ValueError(f"{len(devices)} devices do not split evenly over {processes} processes")
+    spec = JobSpec.from_config(cfg, processes=processes)
     split = spec.rollout_devices
     if split and not 0 < split < len(devices):
         raise ValueError(f"config.mesh.rollout_devices={split} leaves none of the {len(devices)} devices to train")
@@ -265,7 +276,10 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
 
     # The sampler: rows of this process's share of the groups, its cache as it is built.
     # A split pod samples on its rollout devices (`job.split_devices`); else each process on its own.
-    local, local_rules = spec.rollout_mesh(mesh, rollout_part)
+    host = None  # several processes planned on fake devices of one: the first host's devices
+    if processes > 1 and jax.process_count() == 1 and not rollout_part:
+        host = devices[:len(devices) // processes][:spec.sampler_devices or None]
+    local, local_rules = spec.rollout_mesh(mesh, rollout_part or host)
     sampler = spec.sampler.build(config, mesh=local, rules=local_rules, layout="stacked")
     cache = jax.eval_shape(sampler.init_state)
     cache_sh = sampler.programs.state_shardings()
@@ -281,6 +295,7 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
         notes.append(f"rollouts run on each process's {local.size} devices, the parameters resharded over them")
     if cache_sh is None:
         notes.append("the sampler is not sharded: its cache and weights sit on one device of each process")
+    sampler_copy = sampler_weights  # one version in the samplers' layout
     if lora is not None:  # the merge the samplers decode with: its targets are new arrays
         dtype = jnp.promote_types(config.param_dtype, config.compute_dtype)
         sampler_weights += sum(_shard_bytes(jax.ShapeDtypeStruct(param_shapes["layers"][t].shape, dtype),
@@ -289,11 +304,23 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
                      "(a copy of the adapted matrices, made once per update)")
     # The collector's copies of the policy: while it samples with version t - 1 - k the trainer
     # publishes up to version t - 1, so k + 1 at most; on a split pod they are the sampler's
-    # weights (one counted above), else full copies on the training devices.
+    # weights (one counted above); on several processes each host's in the samplers' layout
+    # (`collector.AheadCollector`: its thread converts nothing), one of them the weights the
+    # sampler decodes with (counted above); else full copies on the training devices.
     policy = _shard_bytes(param_shapes, base_sh)
     c = cfg.rollout
-    published = c.max_staleness * sampler_weights if rollout_part else (c.max_staleness + 1) * policy
+    if rollout_part:
+        published = c.max_staleness * sampler_weights
+    elif processes > 1:
+        published = c.max_staleness * sampler_copy
+    else:
+        published = (c.max_staleness + 1) * policy
     published = published if c.max_staleness else 0
+    if processes > 1:
+        notes.append(f"{processes} processes of {len(devices) // processes} devices: each samples "
+                     f"{spec.sampler.batch_size} rows (its share of the groups) on its own devices"
+                     + (f"; the collector holds up to {c.max_staleness + 1} versions in the samplers' layout"
+                        if c.max_staleness and not rollout_part else ""))
     if split:
         notes.append(f"a split pod: {len(devices) - split} devices train, {split} sample")
     if c.max_staleness:
@@ -302,7 +329,7 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
     return MemoryPlan(len(devices), hbm_bytes, params, opt_state, grads, activations, reference, sampler_weights,
                       kv, tuple(notes), frozen_base=frozen_base, rollout_devices=split, published=published,
                       attention_kernel=kernel, kv_token_bytes=kv_token, max_len=sampler.max_len,
-                      page_size=cfg.rollout.page_size)
+                      page_size=cfg.rollout.page_size, processes=processes)
 
 
 def _kv_token_bytes(config, sampler, mesh, rules) -> float:
