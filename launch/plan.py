@@ -86,8 +86,8 @@ def main(argv: list[str]) -> int:
                             "would add only padding rows: see the advice")
                 break
             cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, micro_batches=mb))
-            result = memory_plan.plan(cfg, hbm_bytes=hbm_gb * 1e9, devices=jax.devices()[:devices], platform=platform,
-                                  processes=args.processes)
+            result = memory_plan.plan(cfg, hbm_bytes=hbm_gb * 1e9, devices=jax.devices()[:devices],
+                                      platform=platform, processes=args.processes)
     except (ValueError, OSError) as e:  # a mesh that does not divide the devices, a missing checkpoint
         print(f"error: {e}", file=sys.stderr)
         return 2
