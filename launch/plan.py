@@ -2,12 +2,15 @@
 
   python launch/plan.py --config fee.py [--config.FIELD=VALUE ...] --hbm-gb 16 --devices 8 [--json]
   python launch/plan.py --config fee.py --target v5e-8 --search
+  python launch/plan.py --config fee_async.py --devices 16 --hosts 4   # a pod of 4 hosts x 4 devices
   python launch/plan.py --config fee_async.py --devices 32 --hosts 4 --config.mesh.rollout_devices=8
 
 Per device: parameters, optimizer state, gradients, activations (XLA's memory analysis of the
 train step compiled for the run's largest batch, under its remat policy), the sampler's weights
 and KV cache; the peak of the train and rollout phases against the device's memory, and what to
-change when it does not fit. Without an accelerator the mesh is made of fake CPU devices
+change when it does not fit. `--hosts P`: the devices are P hosts' (each samples its share of
+the groups on its own devices, and with rollout.max_staleness = k holds the collector's k + 1
+versions in the samplers' layout). Without an accelerator the mesh is made of fake CPU devices
 (`--devices`), so the activation figure is XLA:CPU's estimate of the accelerator's.
 `--search` doubles rl.micro_batches (recompiling) until the train phase fits, and says why it
 stopped: the number that fits, or that one row per device a micro-batch still does not. Exit code 0 when the plan fits, 1 when it does not, 2 on a bad argument.

@@ -12,12 +12,15 @@ measures, per device:
 Nothing is allocated: parameters are `jax.eval_shape`d and programs lowered for abstract
 arguments. The training state stays resident while rollouts run, so the peak is the larger of
 the train phase (state + step temporaries) and the rollout phase (state + sampler). With
-`rollout.max_staleness` k > 0 the phases overlap on shared devices (their sum, plus the k
-published copies of the policy the collector holds); with `mesh.rollout_devices` r > 0 the
+`rollout.max_staleness` k > 0 the phases overlap on shared devices (their sum, plus the k + 1
+published copies of the policy the collector holds: on one process in the training layout, on
+several in the samplers' layout, one of them the weights it decodes with, so k more than a
+synchronous run holds); with `mesh.rollout_devices` r > 0 the
 training devices hold the train phase and the r rollout devices the sampler (and the copies),
-each part planned on its own devices (`peak`: the larger of the two); on H hosts (`hosts`) the
-last r / H devices of each sample, and each publish stages the sampler's weights on the
-training devices first (`staging`, counted in the train phase).
+each part planned on its own devices (`peak`: the larger of the two). On H hosts (`hosts`, a
+pod's processes; fake devices of one process stand in for them) each samples its share of the
+groups on its own devices; a split's last r / H devices of each host sample, and each publish
+stages the sampler's weights on the training devices first (`staging`, counted in the train phase).
 `rows_that_fit`: how many sampler rows the memory the rollout phase leaves for the KV cache
 holds, contiguous (each row `rollout.max_len` slots) against paged (each row its filled
 tokens in whole pages of `rollout.page_size`, at a mean fill of 1/2 and 1/8 of max_len).
@@ -67,6 +70,7 @@ class MemoryPlan:
     rollout_devices: int = 0  # a split pod: devices that only sample (`mesh.rollout_devices`)
     published: int = 0  # rollout.max_staleness > 0: the policy copies the collector holds
     staging: int = 0  # a split pod on several hosts: the weights staged on a training device at publish
+    hosts: int = 1  # processes sharing the devices, each sampling on its own
     attention_kernel: str = ""  # the training attention kernel the target's backend runs
     kv_token_bytes: float = 0.0  # per device, the keys and values of one token of one row (all layers)
     max_len: int = 0  # the sampler's context (slots a contiguous row reserves)
@@ -203,15 +207,18 @@ def worst_case_batch(cfg: RunConfig) -> tuple[int, int, int]:
 
 
 def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compile_step: bool = True,
-         platform: str = "portable", hosts: int = 1) -> MemoryPlan:
+         platform: str = "portable", hosts: int | None = None) -> MemoryPlan:
     """The memory plan of `cfg` on `devices` (default: all), e.g. fake CPU devices of a pod's count,
-    for a `platform` ("tpu", "gpu" or "portable"), whose backend chooses the attention kernel;
-    `hosts`: the processes the devices belong to, in equal consecutive blocks (each samples its
-    share of the groups on its own devices; a split pod's rollout devices are the last of each).
-    Everything but the batch's shape comes from `JobSpec.from_config(cfg)`, as `build_job`'s does."""
+    for a `platform` ("tpu", "gpu" or "portable"), whose backend chooses the attention kernel.
+    `hosts` (default JAX's process count): the processes the devices belong to, in equal
+    consecutive blocks, each sampling its share of the groups on its own devices (a split pod's
+    rollout devices are the last of each; on fake devices of one process the first host's stand
+    for every host's). Everything but the batch's shape comes from `JobSpec.from_config(cfg)`,
+    as `build_job`'s does."""
     devices = list(jax.devices() if devices is None else devices)
+    hosts = jax.process_count() if hosts is None else hosts
     if hosts < 1 or len(devices) % hosts:
-        raise ValueError(f"{len(devices)} devices do not split into {hosts} hosts of as many devices")
+        raise ValueError(f"{len(devices)} devices do not split evenly over {hosts} hosts")
     spec = JobSpec.from_config(cfg, processes=hosts)
     split = spec.rollout_devices
     host_of = [i * hosts // len(devices) for i in range(len(devices))]
@@ -272,9 +279,10 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
 
     # The sampler: rows of this process's share of the groups, its cache as it is built.
     # A split pod samples on its rollout devices (`job.split_devices`); else each process on its own.
-    sampler_part = rollout_part or (devices if hosts > 1 else None)  # a split's, or each host's own devices
-    if sampler_part and hosts > 1:
-        sampler_part = sampler_part[:len(sampler_part) // hosts]  # the first host's stand for every host's
+    sampler_part = rollout_part  # a split's rollout devices (None: this process's own, `rollout_mesh`)
+    if hosts > 1 and jax.process_count() == 1:  # a pod planned on fake devices: the first host's stand for every host's
+        part = rollout_part or devices
+        sampler_part = part[:len(part) // hosts]
     local, local_rules = spec.rollout_mesh(mesh, sampler_part)
     sampler = spec.sampler.build(config, mesh=local, rules=local_rules, layout="stacked")
     cache = jax.eval_shape(sampler.init_state)
@@ -291,6 +299,7 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
         notes.append(f"rollouts run on each process's {local.size} devices, the parameters resharded over them")
     if cache_sh is None:
         notes.append("the sampler is not sharded: its cache and weights sit on one device of each process")
+    sampler_copy = sampler_weights  # one version in the samplers' layout
     if lora is not None:  # the merge the samplers decode with: its targets are new arrays
         dtype = jnp.promote_types(config.param_dtype, config.compute_dtype)
         sampler_weights += sum(_shard_bytes(jax.ShapeDtypeStruct(param_shapes["layers"][t].shape, dtype),
@@ -299,14 +308,26 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
                      "(a copy of the adapted matrices, made once per update)")
     # The collector's copies of the policy: while it samples with version t - 1 - k the trainer
     # publishes up to version t - 1, so k + 1 at most; on a split pod they are the sampler's
-    # weights (one counted above), else full copies on the training devices.
+    # weights (one counted above); on several processes each host's in the samplers' layout
+    # (`collector.AheadCollector`: its thread converts nothing), one of them the weights the
+    # sampler decodes with (counted above); else full copies on the training devices.
     policy = _shard_bytes(param_shapes, base_sh)
     c = cfg.rollout
-    published = c.max_staleness * sampler_weights if rollout_part else (c.max_staleness + 1) * policy
+    if rollout_part:
+        published = c.max_staleness * sampler_weights
+    elif hosts > 1:
+        published = c.max_staleness * sampler_copy
+    else:
+        published = (c.max_staleness + 1) * policy
     published = published if c.max_staleness else 0
     # Several hosts, split: the publish stages the weights on the training devices in the
     # sampler's layout (`local_mesh.to_local`), next to the state, after the step's temporaries are freed.
     staging = sampler_weights if split and hosts > 1 else 0
+    if hosts > 1:
+        notes.append(f"{hosts} hosts of {len(devices) // hosts} devices: each samples "
+                     f"{spec.sampler.batch_size} rows (its share of the groups) on its own devices"
+                     + (f"; the collector holds up to {c.max_staleness + 1} versions in the samplers' layout"
+                        if c.max_staleness and not rollout_part else ""))
     if split:
         notes.append(f"a split pod: {len(devices) - split} devices train, {split} sample"
                      + (f" (the last {split // hosts} of each of the {hosts} hosts; publishing stages the "
@@ -317,7 +338,7 @@ def plan(cfg: RunConfig, *, hbm_bytes: float, devices: list | None = None, compi
     return MemoryPlan(len(devices), hbm_bytes, params, opt_state, grads, activations, reference, sampler_weights,
                       kv, tuple(notes), frozen_base=frozen_base, rollout_devices=split, published=published, staging=staging,
                       attention_kernel=kernel, kv_token_bytes=kv_token, max_len=sampler.max_len,
-                      page_size=cfg.rollout.page_size)
+                      page_size=cfg.rollout.page_size, hosts=hosts)
 
 
 def _kv_token_bytes(config, sampler, mesh, rules) -> float:

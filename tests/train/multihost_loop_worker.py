@@ -2,13 +2,15 @@
 real loop (rollouts with a learned feedback schedule, checkpoints, evaluation) on the toy `coin`
 env, 2 CPU devices in all, split over `num_processes` processes, for each variant in turn: full
 fine-tuning, LoRA (rollouts with the merged parameters), bounded staleness (rollout.max_staleness
-= 1: rollouts in the collector's thread) and, on several processes, DAPO and a refused staleness
-run. Writes its histories and the episodes it ran; process 0 also the final parameters
+= 1: rollouts in the collector's thread) and, on several processes, DAPO, a refused staleness
+run and partial rollouts (with DAPO; and the staleness run's config with no version published
+mid-collect). Writes its histories and the episodes it ran; process 0 also the final parameters
 (LoRA: the adapters) and the logs."""
 
 import json
 import os
 import sys
+import threading
 
 import numpy as np
 
@@ -22,6 +24,7 @@ from jax.experimental import multihost_utils  # noqa: E402
 from tests.train import toy_envs  # noqa: E402
 from tests.train.configs import tiny_config  # noqa: E402
 from jaxscaffold.train.trainer import train  # noqa: E402
+from jaxscaffold.train.update import train_on  # noqa: E402
 from jaxscaffold.train.workloads.env_rl import EnvWorkload  # noqa: E402
 
 toy_envs.register()
@@ -92,12 +95,13 @@ if num_processes > 1:
 # Bounded staleness: the next step's rollouts run in the collector's thread while this one
 # trains (its gathers over the coordination service's key-value store), evaluation pausing it.
 ran.clear()
-cfg = tiny_config(os.path.join(out, "stale"), steps=3, **{
+stale = {
     "rollout.tasks_per_step": 4, "rollout.group_size": 2, "rollout.temperature": 1.0,
     "rollout.max_turns": 3, "rollout.max_len": 256, "envs.train": "coin", "envs.eval": "coin",
     "feedback.schedule": "bandit", "feedback.bandit_signal": "success", "feedback.bandit_arms": "ag_early,oe_early",
     "eval.every": 2, "eval.tasks": 4, "checkpoint.every": 3, "mesh.devices": 0, "rollout.sampler_devices": 1,
-    "rollout.max_staleness": 1})
+    "rollout.max_staleness": 1}
+cfg = tiny_config(os.path.join(out, "stale"), steps=3, **stale)
 result = train(cfg, workload=Recording)
 with open(os.path.join(out, f"process{process_id}_stale.json"), "w") as f:
     json.dump({"history": result["history"], "ran": ran}, f)
@@ -115,3 +119,59 @@ if num_processes > 1:
         refused = str(e)
     with open(os.path.join(out, f"process{process_id}_refused.json"), "w") as f:
         json.dump({"refused": refused}, f)
+
+    # Partial rollouts with DAPO: the collector's thread decides after each generation batch on
+    # every process's groups (gathers over the key-value store) while a newer version may arrive
+    # mid-episode; where it arrives depends on timing, so the test checks what holds for any.
+    rows = []  # every training row this process trained on: [step, group, rollout, {version: tokens}, sampled]
+
+    class RecordingVersions(EnvWorkload):
+        def collect(self, job, params, step, **kw):
+            episodes, stats = super().collect(job, params, step, **kw)
+            for e in episodes:
+                rollout = sum(r[:2] == [step, e.group] for r in rows)  # (a row per episode: tiny's representation)
+                for conv in e.training_rows():
+                    versions = {}
+                    for v in conv.sampled_versions():
+                        versions[str(v)] = versions.get(str(v), 0) + 1
+                    rows.append([step, e.group, rollout, versions, sum(conv.assistant_mask)])
+            return episodes, stats
+
+    cfg = tiny_config(os.path.join(out, "partial"), steps=3, **{
+        "rl.algorithm": "dapo", "rollout.tasks_per_step": 4, "rollout.group_size": 4,
+        "rollout.max_turns": 3, "rollout.max_len": 256, "envs.train": "coin", "envs.eval": "coin",
+        "eval.every": 0, "checkpoint.every": 3, "mesh.devices": 0, "rollout.sampler_devices": 1,
+        "rollout.max_staleness": 1, "rollout.partial": True, "rollout.decode_chunk": 2})
+    result = train(cfg, workload=RecordingVersions)
+    with open(os.path.join(out, f"process{process_id}_partial.json"), "w") as f:
+        json.dump({"history": result["history"], "rows": rows}, f)
+
+    # Partial rollouts where no version arrives mid-collect: the update of step s returns (and
+    # version s is published) only once step s + 1 is collected, so every collect decodes with
+    # its scheduled version throughout, as the staleness run above does (its first 2 steps: the
+    # learning rate is constant).
+    class CollectsBeforePublish(Recording):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **kw)
+            self.collected, self.trained = {}, 0
+
+        def _done(self, step):
+            return self.collected.setdefault(step, threading.Event())
+
+        def collect(self, job, params, step, **kw):
+            out = super().collect(job, params, step, **kw)
+            self._done(step).set()
+            return out
+
+        def train_on(self, job, state, episodes):
+            out = train_on(job, state, episodes)
+            self.trained += 1
+            if self.trained < job.cfg.steps and not self._done(self.trained + 1).wait(600):
+                raise RuntimeError(f"step {self.trained + 1} was not collected within 600 s")
+            return out
+
+    ran.clear()
+    cfg = tiny_config(os.path.join(out, "unswapped"), steps=2, **{**stale, "rollout.partial": True})
+    result = train(cfg, workload=CollectsBeforePublish)
+    with open(os.path.join(out, f"process{process_id}_unswapped.json"), "w") as f:
+        json.dump({"history": result["history"], "ran": ran}, f)

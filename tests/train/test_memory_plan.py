@@ -107,3 +107,35 @@ def test_lora_plan_counts_adapters_base_and_merge():
     merged = 4 * n * d * (c.q_dim + c.kv_dim + f)  # the adapted matrices in f32 (tiny.py computes in f32)
     assert p.sampler_weights == full.sampler_weights + merged
     assert p.state == p.params + p.opt_state + p.frozen_base < full.state / 4
+
+
+def test_several_processes_hold_the_collectors_copies_in_the_samplers_layout():
+    """On P processes each samples its share of the groups on its own devices, and with
+    rollout.max_staleness = k the collector holds k + 1 versions in the samplers' layout: k more
+    copies of the sampler's weights than a synchronous run (one is the weights it decodes with),
+    where one process holds k + 1 copies in the training layout."""
+    c, n = model_configs.tiny(), param_count(model_configs.tiny())
+    base = ("mesh.devices=0", "mesh.data=1", "mesh.fsdp=-1", "rollout.tasks_per_step=4", "rollout.group_size=2",
+            "rollout.max_staleness=2")
+
+    def plan(processes, *overrides):
+        return memory_plan.plan(tiny(*base, *overrides), hbm_bytes=16e9, devices=jax.devices()[:8],
+                                compile_step=False, hosts=processes)
+
+    one, two = plan(1), plan(2, "rollout.sampler_devices=1")
+    assert one.published == 3 * one.params  # f32 master weights, fsdp over 8: three training-layout copies
+    # A host sampling on one device holds the whole model per copy (f32), exactly.
+    assert two.hosts == 2 and two.sampler_weights == 4 * n and two.published == 2 * 4 * n
+    assert two.train_peak == two.state + two.grads + 3 * 4 * n + two.kv_cache  # overlapped: both phases at once
+    assert two.rollout_peak == two.state + 3 * 4 * n + two.kv_cache
+    # Each process caches its share of the rows: half the one-process sampler's 8.
+    max_len = tiny().rollout.max_len
+    kv = 2 * c.num_layers * 4 * max_len * c.num_kv_heads * c.head_dim * 4  # 4 rows, f32 cache (tiny.py)
+    assert kv <= two.kv_cache <= kv + 4 * (max_len * 4 + 64) + 4 * c.vocab_size * 4
+    # A host of 4 devices: each copy tensor parallel over them (norms replicated).
+    four = plan(2)
+    assert four.published == 2 * four.sampler_weights
+    assert 4 * n / 4 <= four.sampler_weights <= 4 * (n / 4 + c.num_layers * 4 * c.hidden_size + c.hidden_size)
+    assert plan(2, "rollout.max_staleness=0").published == 0
+    with pytest.raises(ValueError, match="8 devices do not split evenly over 3 hosts"):
+        plan(3)

@@ -1,14 +1,17 @@
 """Two processes under jax.distributed (localhost, gloo CPU collectives), each feeding its half of
 the batch, take the same train steps as one process with the same 4 devices, and run the same
 training loop as one process, for full fine-tuning and for LoRA (the adapters' steps, the same
-sharded merged parameters). One process pair runs every variant (`VARIANTS`): starting the
-processes and the distributed runtime is a large part of each test's time."""
+sharded merged parameters), with bounded staleness, and with partial rollouts (two processes).
+One process pair runs every variant (`VARIANTS`; the loop worker's runs one after another):
+starting the processes and the distributed runtime is a large part of each test's time."""
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -37,14 +40,50 @@ VARIANTS = ("full", "lora")
 
 
 def _start(worker: str, n: int, out: str, exact: bool = False, timeout: int = 300) -> None:
-    """Runs `n` processes of `worker` and waits for them (see `_env` for `exact`)."""
+    """Runs `n` processes of `worker` and waits for them (see `_env` for `exact`). Each
+    process writes its output to `<out>-process<i>.log`, kept with the test's files (a pipe
+    read one process after the other would block a process whose output filled it). When one
+    fails, the others are stopped (they would wait for it in their next collective) and the
+    failure names each process's exit status, a signal by name (a SIGKILL nobody sent is the
+    kernel's OOM killer: see dmesg), and the tail of its log."""
     env = _env(exact)
     port = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, worker, str(i), str(n), port, out], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(n)]
-    for p in procs:
-        log, _ = p.communicate(timeout=timeout)
-        assert p.returncode == 0, log[-3000:]
+    logs = [f"{out}-process{i}.log" for i in range(n)]
+    procs = []
+    for i in range(n):
+        with open(logs[i], "w") as log:
+            procs.append(subprocess.Popen([sys.executable, worker, str(i), str(n), port, out], env=env,
+                                          stdout=log, stderr=subprocess.STDOUT))
+    deadline, timed_out, stopped = time.monotonic() + timeout, False, []
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            if None not in codes or any(c not in (None, 0) for c in codes):
+                break
+            if time.monotonic() > deadline:
+                timed_out = True
+                break
+            time.sleep(0.5)
+    finally:
+        for i, p in enumerate(procs):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+                stopped.append(i)
+
+    def status(i: int, rc: int) -> str:
+        if i in stopped:
+            return f"stopped after {timeout} s" if timed_out else "stopped (another process failed)"
+        return f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
+
+    failed = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
+    assert not failed, "\n".join(f"process {i} of {n}: {status(i, rc)}; {logs[i]}:\n{_tail(logs[i])}"
+                                  for i, rc in failed)
+
+
+def _tail(path: str, chars: int = 3000) -> str:
+    with open(path, errors="replace") as f:
+        return f.read()[-chars:]
 
 
 def _run(n, out):
@@ -72,13 +111,14 @@ LOOP_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihos
 
 def _run_loop(n, out):
     """(final parameters, each process's runs) of `n` processes of the loop worker; a run:
-    {"history", "ran", "lora": {"history", "adapters" (process 0)}, "stale", "dapo" and
-    "refused" (n > 1)}."""
+    {"history", "ran", "lora": {"history", "adapters" (process 0)}, "stale", "dapo",
+    "refused", "partial" and "unswapped" (n > 1)}."""
     os.makedirs(out, exist_ok=True)
-    _start(LOOP_WORKER, n, out, exact=True, timeout=1500)  # full, LoRA, stale and (n > 1) DAPO, refused runs
+    # full, LoRA, stale and (n > 1) DAPO, refused, partial and unswapped runs
+    _start(LOOP_WORKER, n, out, exact=True, timeout=1500)
     runs = [json.load(open(os.path.join(out, f"process{i}.json"))) for i in range(n)]
     for i, run in enumerate(runs):
-        for variant in ("lora", "stale") + (("dapo", "refused") if n > 1 else ()):
+        for variant in ("lora", "stale") + (("dapo", "refused", "partial", "unswapped") if n > 1 else ()):
             run[variant] = json.load(open(os.path.join(out, f"process{i}_{variant}.json")))
     runs[0]["lora"]["adapters"] = dict(np.load(os.path.join(out, "adapters.npz")))
     return dict(np.load(os.path.join(out, "params.npz"))), runs
@@ -161,6 +201,7 @@ def test_two_process_loop_matches_one_process(loop_runs):
     for k in adapters_one:
         np.testing.assert_allclose(adapters_two[k], adapters_one[k], atol=2e-5, rtol=0, err_msg=f"lora: {k}")
     _staleness_matches_one_process(loop_runs)
+    _partial_rollouts_on_two_processes(loop_runs)
 
 
 def _staleness_matches_one_process(loop_runs):
@@ -195,3 +236,59 @@ def _staleness_matches_one_process(loop_runs):
     # A workload that does not declare its collect safe off the main thread is refused there.
     assert all("Unmarked workload's collect may issue device collectives" in run["refused"]["refused"]
                for run in runs_two)
+
+
+def _partial_rollouts_on_two_processes(loop_runs):
+    """(Part of the loop test, as above.) rollout.partial with DAPO on two processes (k = 1, 3
+    steps, decode chunks of 2 tokens): a version the trainer publishes while a step's episodes
+    run reaches them at a chunk that timing decides, so the run is checked for what holds
+    whichever chunk that is. The run completes; every training row's sampled tokens each carry
+    a version between the step's scheduled one and the newest the trainer can have published
+    by then (step - 1); the staleness metrics, summed over the processes, are those of the two
+    processes' rows; each process trained exactly its share of each step's groups, whole.
+
+    With partial rollouts on but no version published mid-collect (the worker's update of step
+    s returns only once step s + 1 is collected), a 2-step run is the staleness run's first two
+    steps, episode for episode and metric for metric."""
+    _, _, (_, runs_two) = loop_runs
+    partial = [run["partial"] for run in runs_two]
+    no_time = lambda h: {k: v for k, v in h.items() if not k.startswith("time/")}  # noqa: E731
+    assert [no_time(h) for h in partial[0]["history"]] == [no_time(h) for h in partial[1]["history"]]
+    assert [h["step"] for h in partial[0]["history"]] == [1, 2, 3]
+    share = {0: {0, 1}, 1: {2, 3}}  # process p's groups of each generation batch's 4
+    for h in partial[0]["history"]:
+        step = h["step"]
+        mine = [[r for r in p["rows"] if r[0] == step] for p in partial]
+        for p, rows in enumerate(mine):
+            groups = {r[1] for r in rows}
+            assert len(groups) == 2 and {g % 4 for g in groups} <= share[p], (step, p, groups)
+            assert sorted(r[1:3] for r in rows) == sorted([g, i] for g in groups for i in range(4))
+        rows = mine[0] + mine[1]
+        scheduled, newest = max(0, step - 2), step - 1
+        token_ages, row_ages, mixed = {}, {}, 0
+        for _, _, _, versions, sampled in rows:
+            versions = {int(v): n for v, n in versions.items()}
+            assert sum(versions.values()) == sampled > 0 and set(versions) <= set(range(scheduled, newest + 1))
+            for v, n in versions.items():
+                token_ages[newest - v] = token_ages.get(newest - v, 0) + n
+            row_ages[newest - min(versions)] = row_ages.get(newest - min(versions), 0) + 1
+            mixed += len(versions) > 1
+        assert {d: h[f"rollout/token_staleness_{d}"] for d in (0, 1)} == {d: token_ages.get(d, 0) for d in (0, 1)}
+        assert {d: h[f"rollout/staleness_{d}"] for d in (0, 1)} == {d: row_ages.get(d, 0) for d in (0, 1)}
+        assert h["rollout/mixed_version_rows"] == mixed and h["rollout/stale_dropped_rows"] == 0
+        assert not any(k.startswith(("rollout/staleness_", "rollout/token_staleness_")) and k[-1] not in "01"
+                       for k in h)
+    assert partial[0]["history"][0]["rollout/token_staleness_1"] == 0  # step 1: version 0 is the newest
+
+    for run in runs_two:
+        unswapped, stale = run["unswapped"], run["stale"]
+        assert sorted(map(tuple, unswapped["ran"])) == sorted(tuple(r) for r in stale["ran"] if r[0] <= 2)
+        for h_partial, h_stale in zip(unswapped["history"], stale["history"][:2], strict=True):
+            assert h_partial.keys() - h_stale.keys() == {"rollout/token_staleness_0", "rollout/token_staleness_1",
+                                                         "rollout/mixed_version_rows"}
+            assert h_partial["rollout/mixed_version_rows"] == 0
+            for k, v in no_time(h_stale).items():
+                if isinstance(v, str):
+                    assert h_partial[k] == v, k
+                else:  # (to f32 rounding, as above: which rows decode together follows timing)
+                    np.testing.assert_allclose(h_partial[k], v, rtol=1e-5, atol=1e-7, err_msg=f"unswapped: {k}")
