@@ -476,7 +476,8 @@ class Sampler:
         rows share a call follows the envs' timing, so a rollout of the same rows meets other
         (row bucket, width, window) combinations than the one before it, and an asynchronous
         run compiles in its timed part what its warm-up did not meet. `params` as passed to
-        `extend` (prepared). Returns the number of programs (those compiled before are
+        `extend`: prepared, and placed as the calls get them (a program's key includes its
+        arguments' placement). Returns the number of programs (those compiled before are
         cached: calling it twice compiles nothing)."""
         windowed = self.backend.windowed
         longest = _bucket(max(1, min(max_decode, self.max_len)), self.decode_buckets, "a decode")
