@@ -371,6 +371,21 @@ class Sampler:
         shardings = self.programs.state_shardings()
         return state if shardings is None else jax.device_put(state, shardings)
 
+    def _placed(self, params, state: SamplerState) -> SamplerState:
+        """`state` placed where a call on `params` leaves it (a mesh-less sampler's fresh state
+        is not committed to a device; every state a call returns is, on the parameters' device or
+        one-device mesh): jit keys its programs on their arguments' placement, so a rollout's first
+        calls would otherwise run (and `compile_programs` compile) a second variant of each."""
+        leaf = jax.tree.leaves(params)[0]
+        if self.mesh is not None or state.logits_BV.committed or not getattr(leaf, "committed", False):
+            return state
+        sharding = leaf.sharding
+        if isinstance(sharding, NamedSharding):  # replicated there, as a call's outputs are
+            sharding = NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
+        elif not isinstance(sharding, jax.sharding.SingleDeviceSharding):
+            return state
+        return jax.device_put(state, sharding)
+
     def lengths(self, state: SamplerState) -> np.ndarray:
         """Tokens held by each slot (one small device-to-host copy)."""
         return np.asarray(state.cache.lengths)
@@ -461,7 +476,8 @@ class Sampler:
         rows share a call follows the envs' timing, so a rollout of the same rows meets other
         (row bucket, width, window) combinations than the one before it, and an asynchronous
         run compiles in its timed part what its warm-up did not meet. `params` as passed to
-        `extend` (prepared). Returns the number of programs (those compiled before are
+        `extend`: prepared, and placed as the calls get them (a program's key includes its
+        arguments' placement). Returns the number of programs (those compiled before are
         cached: calling it twice compiles nothing)."""
         windowed = self.backend.windowed
         longest = _bucket(max(1, min(max_decode, self.max_len)), self.decode_buckets, "a decode")
@@ -472,45 +488,33 @@ class Sampler:
         if shapes is not None:
             steps, widths = sorted(shapes["decode_steps"]), sorted(shapes["width"])
             windows, prefill_windows = sorted(shapes["decode_window"]), sorted(shapes["prefill_window"])
-        state = self._with_table(state)
-        lowered = []
+        # placed as a call leaves it (`_placed`): the one placement later calls meet
+        state = self._with_table(self._placed(params, state))
+        lowered, subs = [], {}  # subs: row bucket -> the gathered state a call on that many rows takes
 
-        def lower_all(state, decode: bool, place=lambda x: x) -> None:
-            subs = {}  # row bucket -> the gathered state a call on that many rows takes
+        def rows_state(rows: int):
+            if rows >= self.batch_size:
+                return state
+            if rows not in subs:
+                index = jnp.asarray(np.zeros(rows, np.int32))
+                # run (a small gather): its output's placement is part of later programs' keys, and
+                # is a call's (the rows written back are a prefill's or a decode's output)
+                subs[rows] = _take_rows(state, index)
+                lowered.extend([_take_rows.lower(state, index), _put_rows.lower(state, subs[rows], index)])
+            return subs[rows]
 
-            def rows_state(rows: int):
-                if rows >= self.batch_size:
-                    return state
-                if rows not in subs:
-                    index = jnp.asarray(np.zeros(rows, np.int32))
-                    # run (a small gather): its output's placement is part of later programs' keys
-                    subs[rows] = _take_rows(state, index)
-                    # the rows written back are a program's output: placed as `place` says
-                    lowered.extend([_take_rows.lower(state, index), _put_rows.lower(state, place(subs[rows]), index)])
-                return subs[rows]
-
-            for rows in self.row_buckets if decode else ():
+        for rows in self.row_buckets:
+            sub = rows_state(rows)
+            per_row = [jnp.asarray(np.zeros(rows, np.uint32))] + [self._put(np.zeros(rows, t)) for t in (np.bool_, np.int32)]
+            for window in windows:
+                for n in steps:
+                    lowered.append(_decode.lower(params, sub, *per_row, programs=self.programs, steps=n, window=window))
+        for width in widths:
+            for rows in sorted({self._prefill_batch(n, width) for n in range(1, self.batch_size + 1)}):
                 sub = rows_state(rows)
-                per_row = [jnp.asarray(np.zeros(rows, np.uint32))] + [self._put(np.zeros(rows, t)) for t in (np.bool_, np.int32)]
-                for window in windows:
-                    for n in steps:
-                        lowered.append(_decode.lower(params, sub, *per_row, programs=self.programs, steps=n, window=window))
-            for width in widths:
-                for rows in sorted({self._prefill_batch(n, width) for n in range(1, self.batch_size + 1)}):
-                    sub = rows_state(rows)
-                    ids = self._put(np.zeros((rows, width), np.int32))
-                    for window in (w for w in prefill_windows if w >= width):
-                        lowered.append(_prefill.lower(params, sub, ids, ids, programs=self.programs, window=window))
-
-        placed = jax.tree.leaves(params)[0].sharding
-        if self.mesh is None and isinstance(placed, NamedSharding):
-            # Parameters on a mesh (a training job's): a call's output, the state later calls
-            # take, is placed on it too, and a program's key includes its arguments' placement;
-            # a fresh state (`init_state`) is not, so its first call (a prefill) has programs of its own.
-            on_mesh = functools.partial(jax.device_put, device=NamedSharding(placed.mesh, jax.sharding.PartitionSpec()))
-            lower_all(state, decode=False, place=on_mesh)
-            state = on_mesh(state)
-        lower_all(state, decode=True)
+                ids = self._put(np.zeros((rows, width), np.int32))
+                for window in (w for w in prefill_windows if w >= width):
+                    lowered.append(_prefill.lower(params, sub, ids, ids, programs=self.programs, window=window))
         for program in lowered:
             program.compile()
         if not self.paged:  # its eager updates (a paged one's pages are the host's)
@@ -535,6 +539,7 @@ class Sampler:
         if self.paged:
             self._take_pages({slot: (int(lengths[slot]), len(toks)) for slot, toks in tokens.items()})
         lengths = np.asarray(lengths)
+        state = self._placed(params, state)
         for call in self.prefill_calls({slot: len(toks) for slot, toks in tokens.items()}, lengths):
             state = self._prefill_rows(params, state, {slot: tokens[slot] for slot in call}, lengths)
         return state
@@ -653,6 +658,7 @@ class Sampler:
         in the next window. Sampling keys depend on positions only, so chunking changes no token.
         """
         lengths = np.array(self.lengths(state) if lengths is None else lengths, np.int64)
+        state = self._placed(params, state)
         budgets = [max_new_tokens] * len(slots) if np.ndim(max_new_tokens) == 0 else list(max_new_tokens)
         if len(budgets) != len(slots):
             raise ValueError(f"{len(budgets)} token budgets for {len(slots)} slots")

@@ -257,10 +257,15 @@ def compile_sampler(job, params) -> None:
     they met, in any grouping (`Sampler.compile_programs(shapes=Sampler.shapes_met)`: every
     row bucket for each width and window met), so that the timed runs compile nothing whichever
     rows share a call as the envs' answers come back."""
+    from jaxscaffold.train.multihost import sampler_params
+
     sampler = job.sampler
+    # the parameters as the rollouts get them (`EnvWorkload.collect`): a program's key includes
+    # its arguments' placement (a mesh-less sampler's: one device's arrays, not the job's mesh)
+    params = sampler.prepare(sampler_params(params, sampler))
     with CompileSeconds() as compiling:
         t = time.perf_counter()
-        n = sampler.compile_programs(sampler.prepare(params), sampler.init_state(), shapes=sampler.shapes_met)
+        n = sampler.compile_programs(params, sampler.init_state(), shapes=sampler.shapes_met)
     REPORT.figure("compile_ahead_s", time.perf_counter() - t, "s",
                   fields={"programs": n, "xla_compile_s": round(compiling.seconds, 3)})
 
