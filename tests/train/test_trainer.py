@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from jaxscaffold.train import trainer
 from jaxscaffold.train.trainer import train
 from jaxscaffold.train.workloads.env_rl import EnvWorkload
 from tests.test_readme import run_the_runnable_block
@@ -94,14 +95,24 @@ def _damage(step_dir, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["truncate", "delete"])
-def test_a_damaged_latest_checkpoint_resumes_from_the_previous_one(tmp_path, how, caplog):
+def test_a_damaged_latest_checkpoint_resumes_from_the_previous_one(tmp_path, how, caplog, capsys):
     """The latest checkpoint damaged on disk: one warning line says so, the run resumes from
     the newest intact one (its first collected step follows that checkpoint, with that
-    checkpoint's parameters) and saves the redone steps again."""
-    cfg = lambda steps: tiny_config(tmp_path, steps=steps, **{"eval.every": 0, "checkpoint.every": 1})
+    checkpoint's parameters) and saves the redone steps again. Intact, that finished run
+    returns at once when started again (no model built), its changed config still refused."""
+    from jaxscaffold.config import ConfigError
+    cfg = lambda steps, **more: tiny_config(tmp_path, steps=steps, **{"eval.every": 0, "checkpoint.every": 1, **more})
     first = train(cfg(1))
     params_1 = [np.asarray(x) for x in jax.tree.leaves(first["state"].params)]
-    train(cfg(2))
+    second = train(cfg(2))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trainer, "build_job", lambda cfg: pytest.fail("a finished run built its model"))
+        for steps in (2, 1):  # at its end, or past it
+            again = train(cfg(steps))
+            assert again["state"] is None and again["history"] == second["history"]
+        with pytest.raises(ConfigError, match=r"changes rl\.lr"):
+            train(cfg(2, **{"rl.lr": 0.5}))
+    assert "finished at step 2, nothing to train" in capsys.readouterr().err
     _damage(tmp_path / "checkpoints" / "2", how)
     seen = {}
 
