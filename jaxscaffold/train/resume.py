@@ -4,7 +4,8 @@
 Starting again in an out_dir with checkpoints resumes it; `check_resume` first compares the
 new config with the recorded one field by field and refuses, in one line naming each changed
 field old -> new, unless `checkpoint.allow_change` lists them. It runs before the model is
-built, so a refused change costs nothing.
+built, so a refused change costs nothing. A run already at its end (`finished_checkpoint`)
+is not rebuilt at all.
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def finished_checkpoint(cfg: RunConfig, required: tuple[str, ...]) -> dict | Non
     nothing left to train: that step is intact (its manifest verifies, its JSON holds
     `required` and `total_steps`) and at or past both `cfg.steps` and the length the run last
     trained to (a workload may set its own: RWML's epochs). None otherwise: the ordinary resume
-    restores the run (or falls back past a damaged step). Reads the step's files, not its arrays."""
+    restores the run (or falls back past a damaged step). Hashes the step's files as a restore
+    does, but decodes no array and builds no model."""
     steps = saved_steps(os.path.join(cfg.out_dir, "checkpoints"))
     if not steps or steps[-1] < cfg.steps:
         return None
