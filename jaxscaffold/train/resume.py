@@ -16,7 +16,8 @@ from typing import Any
 
 from jaxscaffold import config as config_lib
 from jaxscaffold.config import ConfigError, RunConfig
-from jaxscaffold.train.checkpoint import MANIFEST, PARAMS_DIR, Checkpointer, saved_steps, verify_manifest
+from jaxscaffold.train import checkpoint
+from jaxscaffold.train.checkpoint import PARAMS_DIR, saved_steps
 
 CONFIG_FILE = "config.json"
 
@@ -101,11 +102,11 @@ def finished_checkpoint(cfg: RunConfig, required: tuple[str, ...]) -> dict | Non
     if not steps or steps[-1] < cfg.steps:
         return None
     directory = os.path.join(cfg.out_dir, "checkpoints", str(steps[-1]))
-    if not os.path.exists(os.path.join(directory, MANIFEST)):
+    if not os.path.exists(os.path.join(directory, checkpoint.MANIFEST)):
         return None  # unverifiable here: the ordinary resume decides
-    ckpt = Checkpointer(os.path.join(cfg.out_dir, "checkpoints"), async_save=False, reader=True)
+    ckpt = checkpoint.Checkpointer(os.path.join(cfg.out_dir, "checkpoints"), async_save=False, reader=True)
     try:
-        verify_manifest(directory)
+        checkpoint.verify_manifest(directory)
         extra = ckpt.restore_extra(steps[-1])
     except Exception:  # noqa: BLE001  a damaged step: the ordinary resume reports and skips it
         return None
