@@ -185,11 +185,16 @@ def test_the_launcher_refuses_a_bad_config_in_one_line_within_seconds(args, matc
     (["--config.model.hf_path=/nonexistent/ckpt"], "checkpoint directory not found: /nonexistent/ckpt"),
     (["--config.envs.train=jsonl:/nonexistent/tasks.jsonl"], "tasks jsonl:/nonexistent/tasks.jsonl: jsonl task file not found"),
 ])
-def test_the_launcher_reports_bad_input_found_at_start_in_one_line(args, match, tmp_path):
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "tpu_train.py"), "--config", "tiny.py",
-                          f"--config.out_dir={tmp_path}", "--config.envs.num_workers=0", *args],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and match in out.stderr, out.stderr[-2000:]
+def test_the_launcher_reports_bad_input_found_at_start_in_one_line(args, match, tmp_path, monkeypatch, capsys):
+    """(tpu_train.py's main in this process, saving a process start; the test above and
+    tests/train/test_startup.py run it as a command.)"""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "launch"))
+    import tpu_train
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        tpu_train.main(["--config", "tiny.py", f"--config.out_dir={tmp_path}", "--config.envs.num_workers=0", *args])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1 and match in err, err[-2000:]
 
 
 def test_the_launcher_help_lists_every_field_with_its_value_and_comment():

@@ -4,7 +4,8 @@
 Starting again in an out_dir with checkpoints resumes it; `check_resume` first compares the
 new config with the recorded one field by field and refuses, in one line naming each changed
 field old -> new, unless `checkpoint.allow_change` lists them. It runs before the model is
-built, so a refused change costs nothing.
+built, so a refused change costs nothing. A run already at its end (`finished_checkpoint`)
+is not rebuilt at all.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from jaxscaffold import config as config_lib
 from jaxscaffold.config import ConfigError, RunConfig
+from jaxscaffold.train import checkpoint
 from jaxscaffold.train.checkpoint import PARAMS_DIR, saved_steps
 
 CONFIG_FILE = "config.json"
@@ -87,6 +89,32 @@ def check_resume(cfg: RunConfig) -> dict[str, tuple[Any, Any]]:
         raise ConfigError(f"resuming {cfg.out_dir} changes {_describe(changes, refused)} (vs {where}); if "
                           f"intended, pass --config.checkpoint.allow_change={allow} (else use a new out_dir)")
     return changes
+
+
+def finished_checkpoint(cfg: RunConfig, required: tuple[str, ...]) -> dict | None:
+    """The JSON document of the newest checkpoint of the run in `cfg.out_dir` when the run has
+    nothing left to train: that step is intact (its manifest verifies, its JSON holds
+    `required` and `total_steps`) and at or past both `cfg.steps` and the length the run last
+    trained to (a workload may set its own: RWML's epochs). None otherwise: the ordinary resume
+    restores the run (or falls back past a damaged step). Hashes the step's files as a restore
+    does, but decodes no array and builds no model."""
+    steps = saved_steps(os.path.join(cfg.out_dir, "checkpoints"))
+    if not steps or steps[-1] < cfg.steps:
+        return None
+    directory = os.path.join(cfg.out_dir, "checkpoints", str(steps[-1]))
+    if not os.path.exists(os.path.join(directory, checkpoint.MANIFEST)):
+        return None  # unverifiable here: the ordinary resume decides
+    ckpt = checkpoint.Checkpointer(os.path.join(cfg.out_dir, "checkpoints"), async_save=False, reader=True)
+    try:
+        checkpoint.verify_manifest(directory)
+        extra = ckpt.restore_extra(steps[-1])
+    except Exception:  # noqa: BLE001  a damaged step: the ordinary resume reports and skips it
+        return None
+    finally:
+        ckpt.close()
+    if not isinstance(extra, dict) or not {*required, "total_steps"} <= set(extra):
+        return None
+    return extra if extra["step"] >= max(cfg.steps, extra["total_steps"]) else None
 
 
 def _describe(changes: dict, names: list[str]) -> str:

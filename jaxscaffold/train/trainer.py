@@ -10,7 +10,8 @@
      hand-off export: RWML's stage 1 for stage 2)
 
 `train(cfg)` runs (or resumes) a whole job from a config (see `configs/`): the workload of
-`cfg.job` (`workloads.base.WORKLOADS`: rl, rwml, wm_sft, sft).
+`cfg.job` (`workloads.base.WORKLOADS`: rl, rwml, wm_sft, sft). A run already at its end
+returns at once (its config still checked), without building the model.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from jaxscaffold.train.workloads.base import WorkloadFactory, workload_for
 
 log = logging.getLogger(__name__)
 
+RESUME_KEYS = ("step", "workload", "history")  # what a checkpoint's JSON must hold to resume from it
+
 
 def train(cfg, workload: WorkloadFactory | None = None) -> dict[str, Any]:
     """Runs (or resumes) the job described by `cfg`; returns the final metrics and history.
@@ -50,11 +53,18 @@ def train(cfg, workload: WorkloadFactory | None = None) -> dict[str, Any]:
 
     `workload(job, initial_params)` builds what a step collects and how the model is evaluated
     (default: the one `cfg.job` names, `workloads.base.workload_for`), a `workloads.base.Workload`.
+
+    A run whose newest checkpoint is intact and at its end (`resume.finished_checkpoint`)
+    trains nothing: the config is checked as for a resume, one line says so, the end-of-run
+    exports are written again, and the result's "state" is None (no model is built).
     """
     cfg = config_lib.typed(cfg)
     startup.configure_logging(cfg.logging.verbose)
     changes = resume.check_resume(cfg)  # before the model is built: a refused change costs nothing
     startup.preflight(cfg)  # likewise an unwritable out_dir, a broken tokenizer or task file
+    finished = resume.finished_checkpoint(cfg, RESUME_KEYS)
+    if finished is not None:  # nothing to train: no model is built, nothing compiles
+        return _finished_run(cfg, finished)
     memory_check.check_fits(cfg)  # likewise a run that cannot fit its devices
     workload = workload or workload_for(cfg)
     job, state = build_job(cfg)
@@ -68,7 +78,7 @@ def train(cfg, workload: WorkloadFactory | None = None) -> dict[str, Any]:
     start = 0
     if ckpt.latest_step() is not None:
         # A step whose JSON lacks these keys is damaged like an unreadable one: the previous one resumes.
-        _, state, extra = ckpt.restore_latest(state, required=("step", "workload", "history"))
+        _, state, extra = ckpt.restore_latest(state, required=RESUME_KEYS)
         start = extra["step"]
         work.set_state(extra["workload"])
         history = extra["history"]
@@ -128,7 +138,7 @@ def train(cfg, workload: WorkloadFactory | None = None) -> dict[str, Any]:
             if step % cfg.checkpoint.every == 0 or step == steps:
                 workload_state = work.get_state() if collector is None else collector.workload_state(step)
                 ckpt.save(step, state, {"step": step, "workload": workload_state, "history": history,
-                                        "config": cfg.to_dict()})
+                                        "config": cfg.to_dict(), "total_steps": steps, "hand_off": hand_off})
             if params_ckpt is not None and step % cfg.checkpoint.params_only_every == 0:
                 params_ckpt.save(step, {"params": state.params}, {"step": step, "config": cfg.to_dict()})
         ckpt.wait()
@@ -154,6 +164,23 @@ def train(cfg, workload: WorkloadFactory | None = None) -> dict[str, Any]:
     if hand_off and jax.process_index() == 0:
         result["export"] = export_checkpoint(cfg.out_dir, hand_off)
         log.info("exported the final checkpoint to %s for the next stage", hand_off)
+    return result
+
+
+def _finished_run(cfg, extra: dict) -> dict[str, Any]:
+    """A run whose newest checkpoint is at its end (`resume.finished_checkpoint`, its JSON
+    `extra`): one line, and the exports a run writes at its end, as a resumed run would write
+    them again; "state" is None (the parameters are not read)."""
+    if jax.process_index() != 0:
+        return {"history": extra["history"], "state": None}
+    print(f"run      {os.path.abspath(cfg.out_dir)}: finished at step {extra['step']}, nothing to train "
+          f"(to go on: a larger --config.steps)", file=sys.stderr, flush=True)
+    result = {"history": extra["history"], "state": None}
+    if cfg.export.at_end:
+        result["export"] = export_at_end(cfg, extra["step"])
+    if extra.get("hand_off"):
+        result["export"] = export_checkpoint(cfg.out_dir, extra["hand_off"])
+        log.info("exported the final checkpoint to %s for the next stage", extra["hand_off"])
     return result
 
 

@@ -52,11 +52,17 @@ def test_a_lost_episode_without_the_envs_reason_shows_how_it_ended():
 
 @pytest.mark.parametrize("flag, says", [("--hf", "checkpoint directory not found: /no/such/model (model.hf_path"),
                                          ("--checkpoint", "no checkpoint directory at /no/such/model")])
-def test_eval_with_a_missing_model_is_one_line(flag, says):
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "eval.py"), "--env", "letters", "--split", "test",
-                          "--policy", "model", flag, "/no/such/model", "--workers", "0"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2 and out.stderr.count("\n") == 1 and says in out.stderr, out.stderr[-3000:]
+def test_eval_with_a_missing_model_is_one_line(flag, says, monkeypatch, capsys):
+    """(eval.py's main in this process, saving a process start; tests/envs/test_eval_gold.py
+    runs eval.py as a command, its bad input included.)"""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "launch"))  # eval.py imports tpu_train from its folder
+    eval_py = _launcher("eval")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        eval_py.main(["--env", "letters", "--split", "test", "--policy", "model", flag, "/no/such/model",
+                      "--workers", "0"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and says in err, err[-3000:]
 
 
 def test_a_study_with_a_missing_base_model_is_one_line(tmp_path):

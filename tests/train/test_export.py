@@ -140,21 +140,21 @@ def test_lora_run_exports_the_merged_weights_at_the_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_eval_reads_a_params_only_checkpoint(tmp_path):
+def test_eval_reads_a_params_only_checkpoint(tmp_path, monkeypatch):
     """launch/eval.py --checkpoint on a run whose only checkpoint is params-only: the greedy
     episodes equal those of the full checkpoint of the same step, and a newer params-only step
-    of other parameters (the final norm zeroed) changes them."""
+    of other parameters (the final norm zeroed) changes them. (eval.py's main in this process,
+    where its programs compile once; tests/envs/test_eval_gold.py runs eval.py as a command.)"""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "launch"))
+    import eval as eval_launcher
     params = train(tiny_config(tmp_path / "run", steps=1, **{"eval.every": 0, "checkpoint.every": 1,
                                                             "checkpoint.params_only_every": 1}))["state"].params
 
     def episodes(name):
         out = tmp_path / f"{name}.jsonl"
-        run = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "eval.py"), "--config", "tiny.py",
-                              "--config.envs.eval=letters:test:2", "--config.eval.tasks=2",
-                              "--config.rollout.max_new_tokens=4", "--policy", "model", "--checkpoint",
-                              str(tmp_path / "run"), "--workers", "0", "--out", str(out)],
-                             capture_output=True, text=True, timeout=900)
-        assert run.returncode == 0, run.stderr[-3000:]
+        eval_launcher.main(["--config", "tiny.py", "--config.envs.eval=letters:test:2", "--config.eval.tasks=2",
+                            "--config.rollout.max_new_tokens=4", "--policy", "model", "--checkpoint",
+                            str(tmp_path / "run"), "--workers", "0", "--out", str(out)])
         return [json.loads(line)["conversation"] for line in open(out)]
 
     full = episodes("full")

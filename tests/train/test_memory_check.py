@@ -43,11 +43,16 @@ def test_the_verdict_is_launch_plans(tmp_path):
         memory_check.check_fits(tiny(*TINY, f"memory.hbm_gb={result.peak / 2e9}"), jax.devices()[:1])
 
 
-def test_the_launcher_refuses_a_run_that_cannot_fit_in_one_line(tmp_path):
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "tpu_train.py"), "--config", "tiny.py", *TINY,
-                          f"--config.out_dir={tmp_path}", "--config.memory.hbm_gb=0.01"],
-                         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
+def test_the_launcher_refuses_a_run_that_cannot_fit_in_one_line(tmp_path, monkeypatch, capsys):
+    """(tpu_train.py's main in this process, where the check's programs compiled above are
+    cached; tests/test_config.py and tests/train/test_startup.py run it as a command.)"""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "launch"))
+    import tpu_train
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        tpu_train.main(["--config", "tiny.py", *TINY, f"--config.out_dir={tmp_path}", "--config.memory.hbm_gb=0.01"])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert exit_.value.code == 2 and len(lines) == 1, err[-3000:]
     assert lines[0].startswith("error: the run does not fit 1 device(s) of 0.0 GB: the train phase needs")
     assert not os.path.exists(tmp_path / "checkpoints")  # refused before the model was built

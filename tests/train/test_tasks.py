@@ -107,12 +107,14 @@ def test_eval_set_of_an_env_without_categories_and_an_entrys_count():
     assert load_eval_tasks("letters", "test", 0, seed=3) == load_tasks("letters", "test")  # 0: all, in order
 
 
-def test_list_tasks_prints_the_eval_set_as_json():
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "eval.py"), "--config", "fee.py",
-                          "--config.eval.tasks=8", "--list-tasks", "--json"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines()]
+def test_list_tasks_prints_the_eval_set_as_json(monkeypatch, capsys):
+    """eval.py's main in this process for the listing (saving a process start), and as a
+    command for the bad input."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "launch"))
+    import eval as eval_launcher
+    capsys.readouterr()
+    eval_launcher.main(["--config", "fee.py", "--config.eval.tasks=8", "--list-tasks", "--json"])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     expected = _eval_set(load_config("fee", **{"eval.tasks": 8}))
     assert rows == [{"env": t.env, "task_id": t.task_id, "category": t.category} for t in expected]
     assert Counter(r["category"] for r in rows if r["env"] == "bfcl") == {

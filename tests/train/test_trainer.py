@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from jaxscaffold.train import trainer
 from jaxscaffold.train.trainer import train
 from jaxscaffold.train.workloads.env_rl import EnvWorkload
 from tests.test_readme import run_the_runnable_block
@@ -63,6 +64,24 @@ def test_checkpoint_without_its_keys_falls_back_to_the_previous_one(tmp_path, ca
         train(tiny_config(other, steps=2, **{"eval.every": 0, "checkpoint.every": 1}))
 
 
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory):
+    """A tiny run of 1 step, resumed to 2 (a checkpoint each step), trained once for the tests
+    that damage its checkpoints (each on a copy, `copy_of`): its directory, the 1-step run's
+    result and the 2-step one's."""
+    path = tmp_path_factory.mktemp("two_step_run")
+    cfg = lambda steps: tiny_config(path, steps=steps, **{"eval.every": 0, "checkpoint.every": 1})
+    first = train(cfg(1))
+    return path, first, train(cfg(2))
+
+
+def copy_of(run, tmp_path):
+    """`run`'s directory copied to `tmp_path` (a run's files name no absolute path)."""
+    import shutil
+    shutil.copytree(run[0], tmp_path, dirs_exist_ok=True)
+    return tmp_path
+
+
 def _damage_params(step_dir, how: str) -> None:
     """Truncates (inside the value) or deletes the OCDBT data file holding a step's largest
     saved parameter. Orbax packs parameters and Adam moments into shared data files in an order
@@ -94,14 +113,24 @@ def _damage(step_dir, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["truncate", "delete"])
-def test_a_damaged_latest_checkpoint_resumes_from_the_previous_one(tmp_path, how, caplog):
+def test_a_damaged_latest_checkpoint_resumes_from_the_previous_one(two_step_run, tmp_path, how, caplog, capsys):
     """The latest checkpoint damaged on disk: one warning line says so, the run resumes from
     the newest intact one (its first collected step follows that checkpoint, with that
-    checkpoint's parameters) and saves the redone steps again."""
-    cfg = lambda steps: tiny_config(tmp_path, steps=steps, **{"eval.every": 0, "checkpoint.every": 1})
-    first = train(cfg(1))
+    checkpoint's parameters) and saves the redone steps again. Intact, that finished run
+    returns at once when started again (no model built), its changed config still refused."""
+    from jaxscaffold.config import ConfigError
+    cfg = lambda steps, **more: tiny_config(tmp_path, steps=steps, **{"eval.every": 0, "checkpoint.every": 1, **more})
+    _, first, second = two_step_run
+    copy_of(two_step_run, tmp_path)
     params_1 = [np.asarray(x) for x in jax.tree.leaves(first["state"].params)]
-    train(cfg(2))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trainer, "build_job", lambda cfg: pytest.fail("a finished run built its model"))
+        for steps in (2, 1):  # at its end, or past it
+            again = train(cfg(steps))
+            assert again["state"] is None and again["history"] == second["history"]
+        with pytest.raises(ConfigError, match=r"changes rl\.lr"):
+            train(cfg(2, **{"rl.lr": 0.5}))
+    assert "finished at step 2, nothing to train" in capsys.readouterr().err
     _damage(tmp_path / "checkpoints" / "2", how)
     seen = {}
 
@@ -271,12 +300,12 @@ def test_dapo_overlong_penalty_counts_the_longest_turn():
 
 
 @pytest.mark.parametrize("how", ["truncate", "delete"])
-def test_export_of_a_damaged_checkpoint_is_one_line(tmp_path, how):
+def test_export_of_a_damaged_checkpoint_is_one_line(two_step_run, tmp_path, how):
     """launch/export_hf.py on a damaged step: exit 2, one line naming the step and the others
     (it used to end 137 lines of Orbax traceback)."""
     import subprocess
     import sys
-    train(tiny_config(tmp_path, steps=2, **{"eval.every": 0, "checkpoint.every": 1}))
+    copy_of(two_step_run, tmp_path)
     _damage_params(tmp_path / "checkpoints" / "2", how)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, os.path.join(root, "launch", "export_hf.py"), "--checkpoint", str(tmp_path),
