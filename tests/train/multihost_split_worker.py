@@ -1,7 +1,8 @@
 """One process of the split-pod test (run by test_multihost_split.py): 4 CPU devices in all,
 over `num_processes` processes, `mesh.rollout_devices = 2` (on 2 processes one device of each
 trains and one samples; on one, the first two train and the last two sample), bounded
-staleness 1, the tiny config's loop on the toy `coin` env with the bandit's feedback. Writes
+staleness 1, the tiny config's loop on the toy `coin` env with the bandit's feedback and an
+evaluation at the last step. Writes
 the history, the episodes it ran and, for every published version, where the copy lives and
 whether it equals the training state's parameters bitwise."""
 
@@ -64,7 +65,8 @@ cfg = tiny_config(os.path.join(out, "run"), steps=3, **{
     "rollout.tasks_per_step": 2, "rollout.group_size": 2, "rollout.temperature": 1.0,
     "rollout.max_turns": 2, "rollout.max_len": 128, "envs.train": "coin",
     "feedback.schedule": "bandit", "feedback.bandit_signal": "success", "feedback.bandit_arms": "ag_early,oe_early",
-    "eval.every": 0, "checkpoint.every": 3, "mesh.devices": 0,
+    # Evaluation at the last step: its episodes sample on the rollout devices too.
+    "eval.every": 3, "eval.tasks": 4, "checkpoint.every": 3, "mesh.devices": 0,
     "mesh.rollout_devices": 2, "rollout.max_staleness": 1,
     # One process samples on one of its 2 rollout devices, as each of 2 processes does on its one.
     "rollout.sampler_devices": 1,

@@ -69,6 +69,9 @@ def test_a_split_pod_on_two_processes_matches_one_process(tmp_path):
     assert [(h["rollout/staleness_0"], h["rollout/staleness_1"]) for h in one["history"]] == \
         [(rows, 0), (0, rows), (0, rows)]
     assert sum(h["train/grad_norm"] > 0 for h in one["history"]) >= 1
+    # The last step evaluated (on the rollout devices): its metrics are compared below with the rest.
+    evaluated = [k for k in one["history"][-1] if k.startswith("eval/")]
+    assert evaluated and not any(k.startswith("eval/") for h in one["history"][:-1] for k in h), evaluated
     for run in two:
         for h_two, h_one in zip(run["history"], one["history"], strict=True):
             assert h_two.keys() == h_one.keys()
