@@ -8,40 +8,29 @@ import importlib.util
 import json
 import math
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 
 from tests.train.configs import ROOT
-from tests.train.test_multihost import _env, _free_port
+from tests.train.test_multihost import _start
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost_split_worker.py")
 
 
-def _launch(n: int, out: str) -> list:
-    """Starts `n` processes of the worker (without waiting): the 1-process reference and the
-    2-process run share the machine's cores."""
+def _run(n: int, out: str) -> list[dict]:
+    """`n` processes of the worker, through the multi-host tests' harness (logs to files; one
+    failing process stops the others and names its cause), and what each wrote."""
     os.makedirs(out, exist_ok=True)
-    port = str(_free_port())
-    return [subprocess.Popen([sys.executable, WORKER, str(i), str(n), port, out], env=_env(exact=True),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(n)]
-
-
-def _results(procs: list, out: str) -> list[dict]:
-    for p in procs:
-        log, _ = p.communicate(timeout=900)
-        assert p.returncode == 0, log[-3000:]
-    return [json.load(open(os.path.join(out, f"process{i}.json"))) for i in range(len(procs))]
+    _start(WORKER, n, out, exact=True, timeout=900)
+    return [json.load(open(os.path.join(out, f"process{i}.json"))) for i in range(n)]
 
 
 @pytest.mark.slow
 def test_a_split_pod_on_two_processes_matches_one_process(tmp_path):
     one_dir, two_dir = str(tmp_path / "one"), str(tmp_path / "two")
-    one_procs, two_procs = _launch(1, one_dir), _launch(2, two_dir)
-    (one,), two = _results(one_procs, one_dir), _results(two_procs, two_dir)
+    (one,), two = _run(1, one_dir), _run(2, two_dir)
 
     # Where each part lives: the state on the training devices, each version's copy on the
     # process's own rollout device (1 process: devices 0, 1 train and device 2 of 2, 3 samples).
@@ -57,7 +46,7 @@ def test_a_split_pod_on_two_processes_matches_one_process(tmp_path):
     np.testing.assert_allclose(two[0]["published"][0]["checksum"], one["published"][0]["checksum"], rtol=1e-5)
 
     # The same episodes: each process ran its half of the groups, token for token the one-process ones.
-    key = lambda e: tuple(e[:3])  # noqa: E731 (step, group, task id)
+    key = lambda e: tuple(e[:3])  # (step, group, task id)
     ran_two = sorted(two[0]["ran"] + two[1]["ran"], key=key)
     ran_one = sorted(one["ran"], key=key)
     assert two[0]["ran"] and two[1]["ran"] and len(ran_two) == len(ran_one) == 3 * 2 * 2
