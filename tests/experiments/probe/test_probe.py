@@ -53,6 +53,12 @@ def _reference(hf_dir: str, cases) -> dict[str, tuple[float, int]]:
     return out
 
 
+def _last_tokens(rows, context: int):
+    """Each row cut to its span and the `context` tokens before it (the span's offsets moved)."""
+    cut = [max(0, start - context) for _, start, _ in rows]
+    return [(ids[c:end], start - c, end - c) for (ids, start, end), c in zip(rows, cut)]
+
+
 def _sft(config, params, rows, steps: int, lr: float):
     """`steps` plain SGD steps of the token cross-entropy on the rows' spans (the outputs)."""
     from jaxscaffold.rl.train_step import init_train_state, make_sft_step
@@ -96,7 +102,9 @@ def test_probe_of_an_hf_model_equals_transformers(tmp_path):
 @pytest.mark.slow
 def test_training_on_the_outputs_raises_the_probe_score_read_from_a_checkpoint(tmp_path):
     """One SGD step of cross-entropy on the 8 outputs (the tiny run's initial model), saved as the
-    run's checkpoint: `--checkpoint` reads it back and scores every operation higher."""
+    run's checkpoint: `--checkpoint` reads it back and scores every operation higher. The step
+    trains on each output after the last 200 tokens of its context (a whole ~3k-token row, most
+    of it the tools block, made the step 7x as costly); the probe scores the whole rows."""
     from jaxscaffold.train.checkpoint import Checkpointer
     from jaxscaffold.train.job import build_job
     from tests.train.configs import tiny_config
@@ -105,7 +113,7 @@ def test_training_on_the_outputs_raises_the_probe_score_read_from_a_checkpoint(t
     cases = probe_cases()
     rows = [probe.probe_row(Qwen3ChatRenderer(job.tokenizer), c) for c in cases]
     before = probe.span_logprobs(state.params, job.model_config, rows)
-    trained = _sft(job.model_config, state.params, rows, steps=1, lr=1.0)
+    trained = _sft(job.model_config, state.params, _last_tokens(rows, 200), steps=1, lr=1.0)
     ckpt = Checkpointer(str(tmp_path / "run" / "checkpoints"), async_save=False)
     ckpt.save(1, state.replace(params=trained), {"step": 1, "config": cfg.to_dict()})  # the run's own layout
     ckpt.close()

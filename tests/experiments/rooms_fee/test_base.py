@@ -93,7 +93,7 @@ def test_a_base_of_a_given_size_saves_its_steps_and_continues_from_one(tmp_path)
 @pytest.mark.slow
 def test_the_base_through_the_trainer_takes_the_steps_of_a_plain_sft_loop(tmp_path):
     """The trainer's `sft` workload fed by the teacher (`base.Teacher`) against the loop the
-    script ran before: the same seeded init, teacher rows and optimizer step by step; the 20
+    script ran before: the same seeded init, teacher rows and optimizer step by step; the 8
     losses and the exported base agree to 1e-5."""
     import jax
 
@@ -104,7 +104,7 @@ def test_the_base_through_the_trainer_takes_the_steps_of_a_plain_sft_loop(tmp_pa
     from jaxscaffold.train.batching import build_batch
 
     base = _module("base")
-    steps, batch, turns, seed, lr = 20, 4, 14, 3, 3e-3
+    steps, batch, turns, seed, lr = 8, 4, 14, 3, 3e-3
     out = tmp_path / "base"
     assert base.main([str(out), "--steps", str(steps), "--batch", str(batch), "--seed", str(seed)]) == 0
     with open(out / "run" / "metrics.jsonl") as f:
