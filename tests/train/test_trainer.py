@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.mark.slow
-def test_embedded_default_smoke(tmp_path):
+def test_embedded_default_smoke(tmp_path, monkeypatch):
     """The embedded default, smaller: letters training, and evaluation on letters and real
     ScienceWorld and BFCL tasks through the env pool, as configs/tiny.py's docstring shows. It
     writes to the demo's own out_dir (runs/tiny) in a working directory, where the README's
@@ -38,7 +38,7 @@ def test_embedded_default_smoke(tmp_path):
     assert os.listdir(run / "tb")
     metrics = (run / "metrics.jsonl").read_text()
     assert len(metrics.splitlines()) == 4
-    run_the_runnable_block(tmp_path)  # after the demo, in its working directory
+    run_the_runnable_block(tmp_path, monkeypatch)  # after the demo, in its working directory
     assert (run / "metrics.jsonl").read_text() == metrics  # the demo's run untouched
 
 
