@@ -25,19 +25,21 @@ def test_embedded_default_smoke(tmp_path, monkeypatch):
     runnable block then runs as written: an example that reused the demo's out_dir would fail."""
     run = tmp_path / load_config("tiny").out_dir
     real = {"envs.eval": "letters:test:8,sciworld:test:2,bfcl:validation:2", "eval.max_len": 4096}  # as tiny.py says
-    out = train(tiny_config(run, real_eval=True, steps=4, **{"eval.every": 4, "checkpoint.every": 2,
+    # Two steps: the first compiles, the second reruns the compiled programs after a saved
+    # checkpoint, then evaluates (steps 3 and 4 only repeated step 2: ~14 CPU-s, measured)
+    out = train(tiny_config(run, real_eval=True, steps=2, **{"eval.every": 2, "checkpoint.every": 1,
                                                             "envs.num_workers": 1, "mesh.devices": 0, **real}))
     assert len(jax.tree.leaves(out["state"].params)[0].sharding.device_set) == jax.device_count() == 8
     hist = out["history"]
-    assert [h["step"] for h in hist] == [1, 2, 3, 4]
-    assert "eval/success_peak" in hist[3] and hist[3]["eval/infra_failures"] == 0
-    assert {"eval/success_letters", "eval/success_sciworld", "eval/success_bfcl"} <= hist[3].keys()
+    assert [h["step"] for h in hist] == [1, 2]
+    assert "eval/success_peak" in hist[1] and hist[1]["eval/infra_failures"] == 0
+    assert {"eval/success_letters", "eval/success_sciworld", "eval/success_bfcl"} <= hist[1].keys()
     for key in ("rollout/reward", "train/entropy", "train/clipfrac_upper", "time/rollout_s", "time/train_s"):
         assert all(np.isfinite(h[key]) for h in hist), key
     assert (run / "curves.png").stat().st_size > 1000
     assert os.listdir(run / "tb")
     metrics = (run / "metrics.jsonl").read_text()
-    assert len(metrics.splitlines()) == 4
+    assert len(metrics.splitlines()) == 2
     run_the_runnable_block(tmp_path, monkeypatch)  # after the demo, in its working directory
     assert (run / "metrics.jsonl").read_text() == metrics  # the demo's run untouched
 
