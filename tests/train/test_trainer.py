@@ -194,19 +194,37 @@ def test_dapo_dynamic_sampling_trains_only_on_groups_of_mixed_success(tmp_path, 
     assert sum(h["rollout/dropped_groups"] for h in hist) >= 1
 
 
-@pytest.mark.slow
-def test_export_reloads_in_transformers_with_equal_logits(tmp_path):
-    import subprocess, sys
-    train(tiny_config(tmp_path / "run", steps=1, **{"eval.every": 0, "checkpoint.every": 1}))
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "export_hf.py"), "--checkpoint",
-                          str(tmp_path / "run"), "--out", str(tmp_path / "hf")], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-    diff = float(out.stdout.strip().split("=")[-1])
-    assert diff < 1e-4, out.stdout
+def _export_hf(monkeypatch, capsys, *args) -> tuple[int, str, str]:
+    """launch/export_hf.py run with `args` as python would run it (as `__main__`, the arguments
+    in sys.argv), but in this process, saving a process start and its imports (jax, torch,
+    transformers); test_export_of_a_damaged_checkpoint_is_one_line runs it as a command.
+    Returns (exit code, stdout, stderr)."""
+    import runpy
+    import sys
+    monkeypatch.setattr(sys, "argv", ["export_hf.py", *args])
+    capsys.readouterr()
+    code = 0
+    try:
+        runpy.run_path(os.path.join(ROOT, "launch", "export_hf.py"), run_name="__main__")
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_export_reloads_in_transformers_with_equal_logits(two_step_run, tmp_path, monkeypatch, capsys):
+    """(The module's trained run: export only reads it.)"""
+    run = two_step_run[0]
+    files = sorted((str(p), p.stat().st_size) for p in run.rglob("*"))
+    code, out, err = _export_hf(monkeypatch, capsys, "--checkpoint", str(run), "--out", str(tmp_path / "hf"))
+    assert sorted((str(p), p.stat().st_size) for p in run.rglob("*")) == files  # the shared run untouched
+    assert code in (0, None), err[-2000:]
+    assert "exported step 2" in out
+    diff = float(out.strip().split("=")[-1])
+    assert diff < 1e-4, out
     assert (tmp_path / "hf" / "tokenizer.json").exists()
-    missing = subprocess.run([sys.executable, os.path.join(ROOT, "launch", "export_hf.py"), "--checkpoint",
-                              str(tmp_path / "nope"), "--out", str(tmp_path / "x")], capture_output=True, text=True)
-    assert missing.returncode != 0 and "no checkpoint directory" in missing.stderr
+    code, _, err = _export_hf(monkeypatch, capsys, "--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "x"))
+    assert code not in (0, None) and "no checkpoint directory" in err
 
 
 @pytest.mark.slow
