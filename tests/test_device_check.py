@@ -17,8 +17,10 @@ def test_the_device_check_runs_on_cpu(tmp_path):
     caches, and at three fills), train, the attention kernels (flash and, on CPU, the XLA kernel
     in the fused kernel's place) and the rollout part, which says when there is no benchmark."""
     out = tmp_path / "check.json"
+    # one device (the check uses one; the tests' 8 are this process's), the tests' compile flags
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": os.environ["JAXSCAFFOLD_TEST_XLA_FLAGS"]}
     run = subprocess.run(["bash", os.path.join(ROOT, "launch", "device_check.sh"), str(out), "--quick"],
-                         capture_output=True, text=True, timeout=900, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                         capture_output=True, text=True, timeout=900, env=env)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     report = json.load(open(out))
     assert report["parity"]["max_abs_logit_diff"] < 1e-4 and report["parity"]["grad_rel_diff"] < 1e-4

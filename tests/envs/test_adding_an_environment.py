@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
+import runpy
+import shlex
 import sys
 
 import pytest
@@ -45,12 +46,37 @@ def workdir(tmp_path):
     return tmp_path
 
 
-def run_command(command: str, cwd, extra: list[str]):
+@pytest.fixture
+def registries_restored():
+    """The env, prompt and feedback registries, and the modules the page's files make, as they
+    were before the test (a config registers its env in the process that loads it)."""
+    saved = {id(t): dict(t) for t in (registry.ENVS, prompts.SYSTEM_PROMPTS, enrichers.FEEDBACK)}
+    modules = set(sys.modules)
+    yield
+    for t in (registry.ENVS, prompts.SYSTEM_PROMPTS, enrichers.FEEDBACK):
+        t.clear()
+        t.update(saved[id(t)])
+    for name in set(sys.modules) - modules:
+        if name in ("countdown", "countdown_config", "myrewards", "tiny", "base", "tpu_train"):
+            sys.modules.pop(name)
+
+
+def run_command(command: str, cwd, extra: list[str], monkeypatch) -> None:
+    """Runs a page's `PYTHONPATH=. python launch/SCRIPT ARGS` as python would (the script as
+    `__main__`, its folder then PYTHONPATH first on sys.path, the arguments in sys.argv) in `cwd`,
+    but in this process, saving a process start and its imports (tests/train/test_startup.py
+    runs tpu_train.py as a command); a failed exit fails the test."""
     env_prefix, _, rest = command.partition(" python ")
     assert env_prefix == "PYTHONPATH=.", command
-    argv = __import__("shlex").split(rest) + extra
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), ROOT])}
-    return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    script, *args = shlex.split(rest)
+    monkeypatch.chdir(cwd)
+    monkeypatch.syspath_prepend(str(cwd))
+    monkeypatch.syspath_prepend(os.path.join(ROOT, os.path.dirname(script)))
+    monkeypatch.setattr(sys, "argv", [script, *args, *extra])
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        assert e.code in (0, None), f"{command}: exit {e.code}"
 
 
 def test_the_readme_section_has_its_files_and_commands():
@@ -97,10 +123,9 @@ def test_the_own_env_is_one_file_and_one_registration(workdir, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("which", [0, 1], ids=["jsonl", "own_env_class"])
-def test_the_readme_commands_train_and_evaluate(workdir, which):
+def test_the_readme_commands_train_and_evaluate(workdir, which, registries_restored, monkeypatch):
     _, commands = files_and_commands(readme_section())
-    out = run_command(commands[which], workdir, QUICK + ["--config.out_dir=run"])
-    assert out.returncode == 0, out.stderr[-3000:]
+    run_command(commands[which], workdir, QUICK + ["--config.out_dir=run"], monkeypatch)
     metrics = [json.loads(line) for line in open(workdir / "run" / "metrics.jsonl")]
     env = "jsonl" if which == 0 else "countdown"
     assert any(f"eval/success_{env}" in m or any(k.startswith(f"eval/{env}") for k in m) for m in metrics), metrics[-1]

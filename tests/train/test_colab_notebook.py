@@ -7,9 +7,13 @@ idempotent and its training cell resumes."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import re
+import runpy
+import shlex
 import subprocess
 import sys
 import types
@@ -27,7 +31,12 @@ SHORT = ("--config.steps=2 --config.feedback.switch_step=1 --config.eval.every=2
          "--config.rollout.tasks_per_step=1 --config.rollout.group_size=2 --config.rollout.max_new_tokens=8 "
          "--config.rollout.max_turns=6 --config.eval.max_turns=2 --config.feedback.probability=1.0 --config.envs.eval=sciworld::1 "
          "--config.eval.batch_size=1 --config.model.compute_dtype=float32 --config.model.cache_dtype=float32 "
-         "--config.envs.num_workers=1 --config.checkpoint.every=1 --config.rl.micro_batches=1")
+         "--config.envs.num_workers=1 --config.checkpoint.every=1 --config.rl.micro_batches=1 "
+         "--config.mesh.devices=1")  # one device, as a process of its own has here (the tests' 8 are this process's)
+# The cells' commands the runner runs in this process (each saves a process start and its
+# imports; tests/train/test_startup.py and test_trainer.py run both as commands); plan.py sets
+# up its own fake devices before importing jax, so it runs as a command.
+IN_PROCESS = ("launch/tpu_train.py", "launch/export_hf.py")
 
 
 def code_cells() -> list[str]:
@@ -68,10 +77,31 @@ class Runner:
         return re.sub(r"\{(\w+)\}", lambda m: str(self.ns[m.group(1)]), text)
 
     def shell(self, command: str) -> None:
-        out = subprocess.run(self.expand(command), shell=True, cwd=os.getcwd(), env=self.env,
+        command = self.expand(command)
+        argv = shlex.split(command)
+        if argv[0] == "python" and argv[1] in IN_PROCESS:
+            return self.in_process(command, argv[1:])
+        out = subprocess.run(command, shell=True, cwd=os.getcwd(), env=self.env,
                              capture_output=True, text=True, timeout=1200)
         self.outputs.append(out.stdout)
-        assert out.returncode == 0, f"{self.expand(command)}\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+        assert out.returncode == 0, f"{command}\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+
+    def in_process(self, command: str, argv: list[str]) -> None:
+        """`python SCRIPT ARGS` as python runs it (the script as `__main__`, its folder first on
+        sys.path, the arguments in sys.argv, in the current directory), but in this process,
+        saving a process start and its imports; a failed exit fails the test."""
+        out, err = io.StringIO(), io.StringIO()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(sys, "argv", argv)
+            for name in ("IPython", "IPython.display"):  # the cells' stub: matplotlib reads IPython when present
+                patch.delitem(sys.modules, name, raising=False)
+            patch.syspath_prepend(os.path.dirname(os.path.abspath(argv[0])))
+            try:
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                    runpy.run_path(argv[0], run_name="__main__")
+            except SystemExit as e:
+                assert e.code in (0, None), f"{command}: exit {e.code}\n{out.getvalue()[-2000:]}\n{err.getvalue()[-3000:]}"
+        self.outputs.append(out.getvalue())
 
     def cd(self, path: str) -> None:
         os.chdir(self.expand(path))
