@@ -15,8 +15,8 @@ import jax
 import numpy as np
 import pytest
 
-from tests.train.configs import ROOT
 from tests.train import multihost_setup
+from tests.train.configs import ROOT
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost_split_worker.py")
 
