@@ -92,11 +92,6 @@ def wait(*launches: Launch, timeout: int = 300) -> None:
                                   for launch, i, p in failed)
 
 
-def run(worker: str, n: int, out: str, exact: bool = False, timeout: int = 300) -> None:
-    """Runs `n` processes of `worker` and waits for them (`Launch`, `wait`)."""
-    wait(Launch(worker, n, out, exact), timeout=timeout)
-
-
 def log_tail(path: str, chars: int = 3000) -> str:
     """The last `chars` characters of a process's log."""
     with open(path, errors="replace") as f:
