@@ -1,6 +1,6 @@
 """The multi-host tests' two sides. In a worker: `configure`, its preamble (argv, fake CPU
 devices and, on several processes, the coordinator variables `maybe_initialize_distributed`
-reads, before jax starts). In a test: `launch` the worker's processes (several launches may run
+reads, before jax starts). In a test: `Launch` a worker's processes (several launches may run
 at once) and `wait` for them, which names a failing process's cause."""
 
 import os
@@ -46,17 +46,17 @@ def worker_env(exact: bool = False) -> dict:
 
 
 class Launch:
-    """`n` processes of `worker` (argv: process id, count, coordinator port, `out`, then
-    `args`), started; each writes its output to `<out>-process<i>.log`, kept with the test's
-    files (a pipe read one process after the other would block a process whose output filled it)."""
+    """`n` processes of `worker` (argv: process id, count, coordinator port, `out`), started;
+    each writes its output to `<out>-process<i>.log`, kept with the test's files (a pipe read
+    one process after the other would block a process whose output filled it)."""
 
-    def __init__(self, worker: str, n: int, out: str, exact: bool = False, args: tuple[str, ...] = ()):
+    def __init__(self, worker: str, n: int, out: str, exact: bool = False):
         env, port = worker_env(exact), str(free_port())
         self.n, self.logs, self.procs = n, [f"{out}-process{i}.log" for i in range(n)], []
         for i in range(n):
             with open(self.logs[i], "w") as log:
-                self.procs.append(subprocess.Popen([sys.executable, worker, str(i), str(n), port, out, *args],
-                                                   env=env, stdout=log, stderr=subprocess.STDOUT))
+                self.procs.append(subprocess.Popen([sys.executable, worker, str(i), str(n), port, out], env=env,
+                                                   stdout=log, stderr=subprocess.STDOUT))
 
 
 def wait(*launches: Launch, timeout: int = 300) -> None:
