@@ -1,9 +1,9 @@
-"""One process of the split-pod test (run by test_multihost_split.py): 4 CPU devices in all,
-over `num_processes` processes, `mesh.rollout_devices = 2` (on 2 processes one device of each
-trains and one samples; on one, the first two train and the last two sample), bounded
-staleness 1, the tiny config's loop on the toy `coin` env with the bandit's feedback and an
-evaluation at the last step. Writes
-the history, the episodes it ran and, for every published version, where the copy lives and
+"""One process of the split-pod test (run by test_multihost_split.py): 8 CPU devices in all,
+over `num_processes` processes, `mesh.rollout_devices = 4` (on 2 processes the first two
+devices of each train and its last two sample, tensor parallel; on one, the first four train
+and the sampler runs on two of the last four), bounded staleness 1, the tiny config's loop on
+the toy `coin` env with the bandit's feedback and an evaluation at the last step. Writes the
+history, the episodes it ran and, for every published version, where the copy lives and
 whether it equals the training state's parameters bitwise."""
 
 import json
@@ -13,7 +13,7 @@ import numpy as np
 
 from tests.train.multihost_setup import configure  # noqa: E402
 
-process_id, num_processes, out = configure(total_devices=4)
+process_id, num_processes, out = configure(total_devices=8)
 import jax  # noqa: E402
 
 from jax.experimental import multihost_utils  # noqa: E402
@@ -67,12 +67,13 @@ cfg = tiny_config(os.path.join(out, "run"), steps=3, **{
     "feedback.schedule": "bandit", "feedback.bandit_signal": "success", "feedback.bandit_arms": "ag_early,oe_early",
     # Evaluation at the last step: its episodes sample on the rollout devices too.
     "eval.every": 3, "eval.tasks": 4, "checkpoint.every": 3, "mesh.devices": 0,
-    "mesh.rollout_devices": 2, "rollout.max_staleness": 1,
-    # One process samples on one of its 2 rollout devices, as each of 2 processes does on its one.
-    "rollout.sampler_devices": 1,
+    "mesh.rollout_devices": 4, "rollout.max_staleness": 1,
+    # One process samples on 2 of its 4 rollout devices, as each of 2 processes does on its 2
+    # (tensor parallel over two devices either way: the same rounding).
+    "rollout.sampler_devices": 2,
 })
 result = trainer.train(cfg, workload=Recording)
-assert jax.process_count() == num_processes and jax.device_count() == 4
+assert jax.process_count() == num_processes and jax.device_count() == 8
 with open(os.path.join(out, f"process{process_id}.json"), "w") as f:
     json.dump({"history": result["history"], "ran": ran, "published": published,
                "local_devices": [d.id for d in jax.local_devices()]}, f)

@@ -3,98 +3,34 @@ the batch, take the same train steps as one process with the same 4 devices, and
 training loop as one process, for full fine-tuning and for LoRA (the adapters' steps, the same
 sharded merged parameters), with bounded staleness, and with partial rollouts (two processes).
 One process pair runs every variant (`VARIANTS`; the loop worker's runs one after another):
-starting the processes and the distributed runtime is a large part of each test's time."""
+starting the processes and the distributed runtime, and compiling each process's programs,
+are most of each test's time."""
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 
+from tests.train import multihost_setup
+
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost_worker.py")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env(exact: bool = False) -> dict:
-    """The workers' environment; `exact`: XLA's default emitters (tests/conftest.py), for runs
-    whose sampled tokens must not depend on how many rows a process decodes together."""
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_COORDINATOR_ADDRESS")}
-    env["PYTHONPATH"] = ROOT
-    if exact:
-        env["JAXSCAFFOLD_TEST_XLA_FLAGS"] = os.environ["JAXSCAFFOLD_EXACT_XLA_FLAGS"]
-    return env
-
-
 VARIANTS = ("full", "lora")
 
 
-def _start(worker: str, n: int, out: str, exact: bool = False, timeout: int = 300) -> None:
-    """Runs `n` processes of `worker` and waits for them (see `_env` for `exact`). Each
-    process writes its output to `<out>-process<i>.log`, kept with the test's files (a pipe
-    read one process after the other would block a process whose output filled it). When one
-    fails, the others are stopped (they would wait for it in their next collective) and the
-    failure names each process's exit status, a signal by name (a SIGKILL nobody sent is the
-    kernel's OOM killer: see dmesg), and the tail of its log."""
-    env = _env(exact)
-    port = str(_free_port())
-    logs = [f"{out}-process{i}.log" for i in range(n)]
-    procs = []
-    for i in range(n):
-        with open(logs[i], "w") as log:
-            procs.append(subprocess.Popen([sys.executable, worker, str(i), str(n), port, out], env=env,
-                                          stdout=log, stderr=subprocess.STDOUT))
-    deadline, timed_out, stopped = time.monotonic() + timeout, False, []
-    try:
-        while True:
-            codes = [p.poll() for p in procs]
-            if None not in codes or any(c not in (None, 0) for c in codes):
-                break
-            if time.monotonic() > deadline:
-                timed_out = True
-                break
-            time.sleep(0.5)
-    finally:
-        for i, p in enumerate(procs):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-                stopped.append(i)
-
-    def status(i: int, rc: int) -> str:
-        if i in stopped:
-            return f"stopped after {timeout} s" if timed_out else "stopped (another process failed)"
-        return f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
-
-    failed = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
-    assert not failed, "\n".join(f"process {i} of {n}: {status(i, rc)}; {logs[i]}:\n{_tail(logs[i])}"
-                                  for i, rc in failed)
-
-
-def _tail(path: str, chars: int = 3000) -> str:
-    with open(path, errors="replace") as f:
-        return f.read()[-chars:]
-
-
-def _run(n, out):
-    """{variant: (gathered arrays, losses)} of `n` processes of the train-step worker."""
-    _start(WORKER, n, out, timeout=600)
+def _results(out):
+    """{variant: (gathered arrays, losses)} a launch of the train-step worker wrote."""
     return {v: (dict(np.load(f"{out}_{v}.npz")), json.load(open(f"{out}_{v}.json"))) for v in VARIANTS}
 
 
 @pytest.mark.slow
 def test_two_process_train_steps_match_one_process(tmp_path):
-    one, two = _run(1, str(tmp_path / "one")), _run(2, str(tmp_path / "two"))
+    one_out, two_out = str(tmp_path / "one"), str(tmp_path / "two")
+    # One launch after the other: the loop test's launches at the same time cost 7-14% more
+    # CPU (mostly system time) on 2 cores, and CPU is what bounds the suite's time.
+    for n, out in ((1, one_out), (2, two_out)):
+        multihost_setup.wait(multihost_setup.Launch(WORKER, n, out), timeout=600)
+    one, two = _results(one_out), _results(two_out)
     for variant in VARIANTS:
         (params_one, losses_one), (params_two, losses_two) = one[variant], two[variant]
         np.testing.assert_allclose(losses_two, losses_one, rtol=1e-5, err_msg=variant)
@@ -109,13 +45,10 @@ def test_two_process_train_steps_match_one_process(tmp_path):
 LOOP_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost_loop_worker.py")
 
 
-def _run_loop(n, out):
-    """(final parameters, each process's runs) of `n` processes of the loop worker; a run:
-    {"history", "ran", "lora": {"history", "adapters" (process 0)}, "stale", "dapo",
+def _loop_results(n, out):
+    """(final parameters, each process's runs) that `n` processes of the loop worker wrote; a
+    run: {"history", "ran", "lora": {"history", "adapters" (process 0)}, "stale", "dapo",
     "refused", "partial" and "unswapped" (n > 1)}."""
-    os.makedirs(out, exist_ok=True)
-    # full, LoRA, stale and (n > 1) DAPO, refused, partial and unswapped runs
-    _start(LOOP_WORKER, n, out, exact=True, timeout=1500)
     runs = [json.load(open(os.path.join(out, f"process{i}.json"))) for i in range(n)]
     for i, run in enumerate(runs):
         for variant in ("lora", "stale") + (("dapo", "refused", "partial", "unswapped") if n > 1 else ()):
@@ -126,10 +59,14 @@ def _run_loop(n, out):
 
 @pytest.fixture(scope="module")
 def loop_runs(tmp_path_factory):
-    """The loop worker on one process and on two (one pair of runs for both tests below):
+    """The loop worker on one process, then on two (one pair of runs for the test below; each
+    runs full, LoRA, stale and, on two processes, DAPO, refused, partial and unswapped runs):
     (directory, (params, runs) of one process, (params, runs) of two)."""
     tmp_path = tmp_path_factory.mktemp("loop")
-    return tmp_path, _run_loop(1, str(tmp_path / "one")), _run_loop(2, str(tmp_path / "two"))
+    for n, name in ((1, "one"), (2, "two")):
+        os.makedirs(tmp_path / name)
+        multihost_setup.wait(multihost_setup.Launch(LOOP_WORKER, n, str(tmp_path / name), exact=True), timeout=1500)
+    return tmp_path, _loop_results(1, str(tmp_path / "one")), _loop_results(2, str(tmp_path / "two"))
 
 
 @pytest.mark.slow

@@ -4,32 +4,30 @@ parallel, `multihost.sampler_params`); the tokens are the one-process run's."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.train.test_multihost import _env, _free_port
+from tests.train import multihost_setup
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost_rollout_worker.py")
 LAYOUTS = ("per_layer", "stacked")
 
 
-def _run(n, out):
+def _launch(n: int, out: str) -> multihost_setup.Launch:
     os.makedirs(out, exist_ok=True)
-    port = str(_free_port())
-    procs = [subprocess.Popen([sys.executable, WORKER, str(i), str(n), port, out], env=_env(exact=True),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(n)]
-    for p in procs:
-        log, _ = p.communicate(timeout=600)
-        assert p.returncode == 0, log[-3000:]
+    return multihost_setup.Launch(WORKER, n, out, exact=True)
+
+
+def _written(n: int, out: str) -> list[dict]:
     return [json.load(open(os.path.join(out, f"process{i}.json"))) for i in range(n)]
 
 
 @pytest.mark.slow
 def test_per_host_meshes_sample_the_one_process_tokens_on_a_quarter_of_the_model(tmp_path):
-    (one,) = _run(1, str(tmp_path / "one"))
-    two = _run(2, str(tmp_path / "two"))
+    # The one-process reference and the two processes run at the same time.
+    one_dir, two_dir = str(tmp_path / "one"), str(tmp_path / "two")
+    multihost_setup.wait(_launch(1, one_dir), _launch(2, two_dir), timeout=600)
+    (one,), two = _written(1, one_dir), _written(2, two_dir)
     assert two[0]["local_devices"] != two[1]["local_devices"]
     for layout in LAYOUTS:
         # Tokens (T = 1, per-prompt seeds): every prompt, on its process, samples what the one

@@ -1,8 +1,10 @@
-"""A split pod on several processes (`mesh.rollout_devices`): on 2 processes x 2 devices, one
-device of each process trains (one training mesh over both processes) and the other samples
-that process's share of the groups; after each update the weights move from the training
-mesh to every process's rollout device, device to device, by a collective the main thread
-issues at publish. The run equals the same split on 1 process x 4 devices."""
+"""A split pod on several processes (`mesh.rollout_devices`): on 2 processes x 4 devices, the
+first two devices of each process train (one training mesh over both processes) and its last
+two sample that process's share of the groups, tensor parallel over the two; after each update
+the weights move from the training mesh to every process's rollout devices, device to device,
+through a staging layout in groups of two training devices, by a collective the main thread
+issues at publish. The run equals the same split on 1 process x 8 devices, its sampler also
+tensor parallel over two rollout devices."""
 
 import importlib.util
 import json
@@ -13,32 +15,34 @@ import jax
 import numpy as np
 import pytest
 
+from tests.train import multihost_setup
 from tests.train.configs import ROOT
-from tests.train.test_multihost import _start
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multihost_split_worker.py")
 
 
-def _run(n: int, out: str) -> list[dict]:
-    """`n` processes of the worker, through the multi-host tests' harness (logs to files; one
-    failing process stops the others and names its cause), and what each wrote."""
-    os.makedirs(out, exist_ok=True)
-    _start(WORKER, n, out, exact=True, timeout=900)
+def _written(n: int, out: str) -> list[dict]:
     return [json.load(open(os.path.join(out, f"process{i}.json"))) for i in range(n)]
 
 
 @pytest.mark.slow
 def test_a_split_pod_on_two_processes_matches_one_process(tmp_path):
+    # One launch after the other, through the multi-host harness (logs to files; one failing
+    # process stops the others and names its cause).
     one_dir, two_dir = str(tmp_path / "one"), str(tmp_path / "two")
-    (one,), two = _run(1, one_dir), _run(2, two_dir)
+    for n, out in ((1, one_dir), (2, two_dir)):
+        os.makedirs(out)
+        multihost_setup.wait(multihost_setup.Launch(WORKER, n, out, exact=True), timeout=900)
+    (one,), two = _written(1, one_dir), _written(2, two_dir)
 
     # Where each part lives: the state on the training devices, each version's copy on the
-    # process's own rollout device (1 process: devices 0, 1 train and device 2 of 2, 3 samples).
-    training = sorted(run["local_devices"][0] for run in two)  # each process's first device trains
+    # process's own two rollout devices (1 process: devices 0-3 train, the sampler on 4 and 5).
+    training = sorted(d for run in two for d in run["local_devices"][:2])  # each process's first two train
     for run in two:
-        rollout_device = run["local_devices"][1]
-        assert [(p["state_devices"], p["copy_devices"]) for p in run["published"]] == [(training, [rollout_device])]
-    assert [(p["state_devices"], p["copy_devices"]) for p in one["published"]] == [([0, 1], [2])]
+        assert len(run["local_devices"]) == 4
+        rollout_devices = run["local_devices"][2:]
+        assert [(p["state_devices"], p["copy_devices"]) for p in run["published"]] == [(training, rollout_devices)]
+    assert [(p["state_devices"], p["copy_devices"]) for p in one["published"]] == [([0, 1, 2, 3], [4, 5])]
     # Version 1 (after the first update; version 1 + 1 + k = 3 samples with it) is published,
     # on every process bitwise the training state's parameters, with host transfers forbidden.
     for run in [one] + two:
@@ -135,8 +139,8 @@ def test_launch_plan_takes_the_hosts(capsys):
 def test_the_move_to_rollout_devices_copies_each_shard_to_its_device():
     """`to_local` onto devices that hold none of the parameters (a split pod), with host
     transfers forbidden: the training state fsdp over devices 0-3, a host's sampler tensor
-    parallel over devices 6 and 7 (the 2-process test moves onto one device, so this is where
-    shard j of the staging group must land on rollout device j)."""
+    parallel over devices 6 and 7: shard j of the staging group lands on rollout device j,
+    checked shard by shard (the 2-process test checks each process's whole copy)."""
     from jaxscaffold.models import config as model_config_lib
     from jaxscaffold.models import qwen3
     from jaxscaffold.models.local_mesh import local_mesh, local_rules, to_local
