@@ -71,7 +71,7 @@ def loop_runs(tmp_path_factory):
 
 @pytest.mark.slow
 def test_two_process_loop_matches_one_process(loop_runs):
-    """For full fine-tuning and LoRA, the real loop (tiny config on the toy env, 2 steps, rollouts with the bandit's feedback,
+    """For full fine-tuning and LoRA, the real loop (tiny config on a word vocabulary and the toy env, 2 steps, rollouts with the bandit's feedback,
     evaluation, checkpoints) on 2 processes x 1 device equals it on 1 process x 2 devices: each
     process runs its half of the groups, feeds its rows of the global batch, and gathers the
     metrics, the feedback log and the bandit's signal, so every process logs the one-process
