@@ -94,7 +94,7 @@ def test_a_base_of_a_given_size_saves_its_steps_and_continues_from_one(tmp_path)
 def test_the_base_through_the_trainer_takes_the_steps_of_a_plain_sft_loop(tmp_path):
     """The trainer's `sft` workload fed by the teacher (`base.Teacher`) against the loop the
     script ran before: the same seeded init, teacher rows and optimizer step by step; the 8
-    losses and the exported base agree to 1e-5."""
+    losses agree to 1e-5 and the exported base to 5e-5 (below)."""
     import jax
 
     from jaxscaffold.models import config as model_configs
@@ -129,9 +129,13 @@ def test_the_base_through_the_trainer_takes_the_steps_of_a_plain_sft_loop(tmp_pa
         loop.append(float(metrics["loss"]))
     assert len(losses) == steps
     np.testing.assert_allclose(losses, loop, rtol=0, atol=1e-5)
+    # Adam divides by the root of the second moment, so a rounding difference in a near-zero
+    # gradient can move a weight by up to lr (3e-3) a step: on an AMD EPYC one weight of 24,576
+    # differed by 1.2e-5 (1e-5 passed on an Intel Xeon). A weight moves by up to lr x steps (2.4e-2),
+    # so 5e-5 still catches any step taken differently.
     _, exported = hf_io.load_pretrained(str(out))
     for a, b in zip(jax.tree.leaves(exported), jax.tree.leaves(jax.device_get(state.params))):
-        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=0, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=0, atol=5e-5)
 
 
 def _leaves_differ(a, b) -> bool:
