@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import runpy
 import shlex
-import sys
+
+from tests.in_process import run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
@@ -43,27 +43,21 @@ def test_the_runnable_block_trains_in_its_own_out_dir():
     assert out_dirs and all(m and m.group(1) != "runs/tiny" for m in out_dirs)  # not the demo's
 
 
-def run_the_runnable_block(workdir, monkeypatch) -> None:
+def run_the_runnable_block(workdir) -> None:
     """Runs the README's runnable block as written in `workdir`, a checkout's root (its
     `launch/` and `configs/` linked there), where the demo may have run: each command must
-    succeed and write what the block says. Each script runs as `python` would run it (as
-    `__main__`, its folder first on sys.path, the command's arguments in sys.argv), but in this
-    process, saving a process start and its imports each: other tests run every one of these
-    scripts as a command (tests/train/test_startup.py, tests/envs/test_eval_gold.py,
+    succeed and write what the block says. Each script runs in this process (`run_script`),
+    saving a process start and its imports each: other tests run every one of these scripts as
+    a command (tests/train/test_startup.py, tests/envs/test_eval_gold.py,
     tests/train/test_trainer.py). Training uses one device, as the command would in a process
     of its own (the tests' 8 devices are this process's)."""
     for name in ("launch", "configs"):
         os.symlink(os.path.join(ROOT, name), os.path.join(workdir, name))
-    monkeypatch.chdir(workdir)
-    monkeypatch.syspath_prepend(os.path.join(ROOT, "launch"))
     for command in runnable_commands():
         script, *args = shlex.split(command)[1:]
         args += QUICK + ["--config.mesh.devices=1"] if "tpu_train.py" in script else []
-        monkeypatch.setattr(sys, "argv", [script, *args])
-        try:
-            runpy.run_path(script, run_name="__main__")
-        except SystemExit as e:
-            assert e.code in (0, None), f"{command}: exit {e.code}"
+        code = run_script(script, args, cwd=workdir).code
+        assert code == 0, f"{command}: exit {code}"
     run = os.path.join(workdir, "runs", "readme_tiny")
     assert json.load(open(os.path.join(run, "results.json")))["step"] == 2
     assert os.path.exists(os.path.join(run, "curves.png"))

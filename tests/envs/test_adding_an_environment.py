@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import runpy
 import shlex
 import sys
 
@@ -18,6 +17,7 @@ from jaxscaffold.envs import jsonl, prompts, registry
 from jaxscaffold.envs.base import EnvError
 from jaxscaffold.envs.pool import EnvPool
 from jaxscaffold.feedback import enrichers, units
+from tests.in_process import run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUICK = ["--config.steps=2", "--config.eval.every=2", "--config.eval.tasks=2", "--config.eval.max_len=0",
@@ -61,22 +61,15 @@ def registries_restored():
             sys.modules.pop(name)
 
 
-def run_command(command: str, cwd, extra: list[str], monkeypatch) -> None:
-    """Runs a page's `PYTHONPATH=. python launch/SCRIPT ARGS` as python would (the script as
-    `__main__`, its folder then PYTHONPATH first on sys.path, the arguments in sys.argv) in `cwd`,
-    but in this process, saving a process start and its imports (tests/train/test_startup.py
-    runs tpu_train.py as a command); a failed exit fails the test."""
+def run_command(command: str, cwd, extra: list[str]) -> None:
+    """Runs a page's `PYTHONPATH=. python launch/SCRIPT ARGS` in `cwd`, in this process
+    (`run_script`), saving a process start and its imports (tests/train/test_startup.py runs
+    tpu_train.py as a command); a failed exit fails the test."""
     env_prefix, _, rest = command.partition(" python ")
     assert env_prefix == "PYTHONPATH=.", command
     script, *args = shlex.split(rest)
-    monkeypatch.chdir(cwd)
-    monkeypatch.syspath_prepend(str(cwd))
-    monkeypatch.syspath_prepend(os.path.join(ROOT, os.path.dirname(script)))
-    monkeypatch.setattr(sys, "argv", [script, *args, *extra])
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as e:
-        assert e.code in (0, None), f"{command}: exit {e.code}"
+    code = run_script(script, [*args, *extra], cwd=cwd, sys_path=[cwd]).code
+    assert code == 0, f"{command}: exit {code}"
 
 
 def test_the_readme_section_has_its_files_and_commands():
@@ -123,9 +116,9 @@ def test_the_own_env_is_one_file_and_one_registration(workdir, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("which", [0, 1], ids=["jsonl", "own_env_class"])
-def test_the_readme_commands_train_and_evaluate(workdir, which, registries_restored, monkeypatch):
+def test_the_readme_commands_train_and_evaluate(workdir, which, registries_restored):
     _, commands = files_and_commands(readme_section())
-    run_command(commands[which], workdir, QUICK + ["--config.out_dir=run"], monkeypatch)
+    run_command(commands[which], workdir, QUICK + ["--config.out_dir=run"])
     metrics = [json.loads(line) for line in open(workdir / "run" / "metrics.jsonl")]
     env = "jsonl" if which == 0 else "countdown"
     assert any(f"eval/success_{env}" in m or any(k.startswith(f"eval/{env}") for k in m) for m in metrics), metrics[-1]

@@ -7,12 +7,9 @@ idempotent and its training cell resumes."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import re
-import runpy
 import shlex
 import subprocess
 import sys
@@ -23,6 +20,7 @@ import pytest
 
 from jaxscaffold.models import config as model_config, hf_io, qwen3
 from jaxscaffold.models.tokenizer import write_hf_tokenizer
+from tests.in_process import run_script
 from tests.train.configs import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -87,21 +85,14 @@ class Runner:
         assert out.returncode == 0, f"{command}\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
 
     def in_process(self, command: str, argv: list[str]) -> None:
-        """`python SCRIPT ARGS` as python runs it (the script as `__main__`, its folder first on
-        sys.path, the arguments in sys.argv, in the current directory), but in this process,
-        saving a process start and its imports; a failed exit fails the test."""
-        out, err = io.StringIO(), io.StringIO()
+        """`python SCRIPT ARGS` in the current directory, in this process (`run_script`), saving
+        a process start and its imports; a failed exit fails the test."""
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(sys, "argv", argv)
             for name in ("IPython", "IPython.display"):  # the cells' stub: matplotlib reads IPython when present
                 patch.delitem(sys.modules, name, raising=False)
-            patch.syspath_prepend(os.path.dirname(os.path.abspath(argv[0])))
-            try:
-                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                    runpy.run_path(argv[0], run_name="__main__")
-            except SystemExit as e:
-                assert e.code in (0, None), f"{command}: exit {e.code}\n{out.getvalue()[-2000:]}\n{err.getvalue()[-3000:]}"
-        self.outputs.append(out.getvalue())
+            code, out, err = run_script(argv[0], argv[1:], capture=True)
+        assert code == 0, f"{command}: exit {code}\n{out[-2000:]}\n{err[-3000:]}"
+        self.outputs.append(out)
 
     def cd(self, path: str) -> None:
         os.chdir(self.expand(path))

@@ -11,14 +11,16 @@ import pytest
 from jaxscaffold.train import trainer
 from jaxscaffold.train.trainer import train
 from jaxscaffold.train.workloads.env_rl import EnvWorkload
+from tests.in_process import run_script
 from tests.test_readme import run_the_runnable_block
 from tests.train.configs import load_config, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXPORT_HF = os.path.join(ROOT, "launch", "export_hf.py")
 
 
 @pytest.mark.slow
-def test_embedded_default_smoke(tmp_path, monkeypatch):
+def test_embedded_default_smoke(tmp_path):
     """The embedded default, smaller: letters training, and evaluation on letters and real
     ScienceWorld and BFCL tasks through the env pool, as configs/tiny.py's docstring shows. It
     writes to the demo's own out_dir (runs/tiny) in a working directory, where the README's
@@ -40,7 +42,7 @@ def test_embedded_default_smoke(tmp_path, monkeypatch):
     assert os.listdir(run / "tb")
     metrics = (run / "metrics.jsonl").read_text()
     assert len(metrics.splitlines()) == 2
-    run_the_runnable_block(tmp_path, monkeypatch)  # after the demo, in its working directory
+    run_the_runnable_block(tmp_path)  # after the demo, in its working directory
     assert (run / "metrics.jsonl").read_text() == metrics  # the demo's run untouched
 
 
@@ -194,36 +196,20 @@ def test_dapo_dynamic_sampling_trains_only_on_groups_of_mixed_success(tmp_path, 
     assert sum(h["rollout/dropped_groups"] for h in hist) >= 1
 
 
-def _export_hf(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    """launch/export_hf.py run with `args` as python would run it (as `__main__`, the arguments
-    in sys.argv), but in this process, saving a process start and its imports (jax, torch,
-    transformers); test_export_of_a_damaged_checkpoint_is_one_line runs it as a command.
-    Returns (exit code, stdout, stderr)."""
-    import runpy
-    import sys
-    monkeypatch.setattr(sys, "argv", ["export_hf.py", *args])
-    capsys.readouterr()
-    code = 0
-    try:
-        runpy.run_path(os.path.join(ROOT, "launch", "export_hf.py"), run_name="__main__")
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def test_export_reloads_in_transformers_with_equal_logits(two_step_run, tmp_path, monkeypatch, capsys):
+def test_export_reloads_in_transformers_with_equal_logits(two_step_run, tmp_path):
     """(The module's trained run: export only reads it.)"""
     run = two_step_run[0]
     files = sorted((str(p), p.stat().st_size) for p in run.rglob("*"))
-    code, out, err = _export_hf(monkeypatch, capsys, "--checkpoint", str(run), "--out", str(tmp_path / "hf"))
+    # In this process, saving a process start and its imports (jax, torch, transformers):
+    # test_export_of_a_damaged_checkpoint_is_one_line runs launch/export_hf.py as a command.
+    code, out, err = run_script(EXPORT_HF, ["--checkpoint", run, "--out", tmp_path / "hf"], capture=True)
     assert sorted((str(p), p.stat().st_size) for p in run.rglob("*")) == files  # the shared run untouched
     assert code in (0, None), err[-2000:]
     assert "exported step 2" in out
     diff = float(out.strip().split("=")[-1])
     assert diff < 1e-4, out
     assert (tmp_path / "hf" / "tokenizer.json").exists()
-    code, _, err = _export_hf(monkeypatch, capsys, "--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "x"))
+    code, _, err = run_script(EXPORT_HF, ["--checkpoint", tmp_path / "nope", "--out", tmp_path / "x"], capture=True)
     assert code not in (0, None) and "no checkpoint directory" in err
 
 
