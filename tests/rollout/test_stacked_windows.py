@@ -59,8 +59,10 @@ def test_stacked_windows_give_the_full_capacity_tokens(tiny, monkeypatch):
         for slot in (0, 1):
             np.testing.assert_array_equal(turn_w[slot].tokens, turn_f[slot].tokens)
             # The softmax sums over the window instead of the capacity (the slots between hold
-            # exact zeros), in another order: the last bits may differ.
-            np.testing.assert_allclose(turn_w[slot].logprobs, turn_f[slot].logprobs, rtol=1e-5, atol=1e-5)
+            # exact zeros), in another order: the last bits may differ, by up to 1.8e-4 of a
+            # log-probability near -7 (2.5e-5 relative) on an AMD EPYC; a slot read wrongly moves
+            # them by far more (and the tokens above).
+            np.testing.assert_allclose(turn_w[slot].logprobs, turn_f[slot].logprobs, rtol=1e-4, atol=1e-5)
     assert [len(turn[0].tokens) for turn in outs["windowed"][0]] == [40, 60]
 
 
