@@ -26,12 +26,21 @@ def apply_overrides(cfg, overrides: dict) -> None:
         node[last] = v
 
 
-def tiny_config(out_dir, *, real_eval: bool = False, **overrides):
+# The `rooms` word-level vocabulary (~270 ids) instead of Qwen3's 151,936, which is 9.7M of the
+# tiny model's ~10M parameters and most of its compute (embedding and LM head). For tests of
+# plumbing (checkpoints, resume, metrics, schedules, faults) that no property of Qwen3's
+# tokenizer enters: letters and the toy envs reward any decoded text, and other words decode
+# as one unknown id.
+WORDS = {"model.vocabulary": "rooms"}
+
+
+def tiny_config(out_dir, *, real_eval: bool = False, words: bool = False, **overrides):
     """configs/tiny.py made smaller for tests: in-process envs, one of the 8 test devices (8
     data-parallel replicas of the parameters and their update would only repeat the work on the
     machine's cores; the smoke test and the multi-host ones train on several), no evaluation
     before training, and (unless
-    `real_eval`) letters instead of the ScienceWorld / BFCL evaluation."""
+    `real_eval`) letters instead of the ScienceWorld / BFCL evaluation. `words`: the model on
+    the `rooms` word vocabulary (`WORDS`), not Qwen3's, for tests the vocabulary plays no part in."""
     cfg = load_config("tiny")
     cfg.out_dir = str(out_dir)
     cfg.rollout.tasks_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens = 2, 4, 8
@@ -41,5 +50,7 @@ def tiny_config(out_dir, *, real_eval: bool = False, **overrides):
     cfg.checkpoint.keep = 3  # the base's: resume and fallback tests need earlier checkpoints (the demo keeps 1)
     if not real_eval:
         cfg.envs.eval, cfg.eval.tasks, cfg.eval.max_len = "letters", 4, 0
+    if words:
+        apply_overrides(cfg, WORDS)
     apply_overrides(cfg, overrides)
     return cfg

@@ -52,11 +52,11 @@ def test_checkpoint_without_its_keys_falls_back_to_the_previous_one(tmp_path, ca
     existed, or damaged) is skipped like an unreadable one: the run resumes from the previous
     step; when no step has the keys, one CheckpointCorrupt line names each."""
     from jaxscaffold.train.checkpoint import CheckpointCorrupt, Checkpointer
-    first = train(tiny_config(tmp_path, steps=1, **{"eval.every": 0, "checkpoint.every": 1}))
+    first = train(tiny_config(tmp_path, steps=1, words=True, **{"eval.every": 0, "checkpoint.every": 1}))
     ckpt = Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
     ckpt.save(2, first["state"], {"step": 2, "history": first["history"]})  # no "workload"
     ckpt.close()
-    out = train(tiny_config(tmp_path, steps=2, **{"eval.every": 0, "checkpoint.every": 1}))
+    out = train(tiny_config(tmp_path, steps=2, words=True, **{"eval.every": 0, "checkpoint.every": 1}))
     assert [h["step"] for h in out["history"]] == [1, 2]  # step 1 restored, step 2 redone
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "checkpoint" in r.name]
     assert any("lacks ['workload']" in w and "resuming from step 1" in w for w in warnings), warnings
@@ -65,16 +65,18 @@ def test_checkpoint_without_its_keys_falls_back_to_the_previous_one(tmp_path, ca
     ckpt.save(1, first["state"], {"step": 1})
     ckpt.close()
     with pytest.raises(CheckpointCorrupt, match=r"step 1: CheckpointDamaged: its JSON document lacks"):
-        train(tiny_config(other, steps=2, **{"eval.every": 0, "checkpoint.every": 1}))
+        train(tiny_config(other, steps=2, words=True, **{"eval.every": 0, "checkpoint.every": 1}))
 
 
 @pytest.fixture(scope="module")
 def two_step_run(tmp_path_factory):
     """A tiny run of 1 step, resumed to 2 (a checkpoint each step), trained once for the tests
     that damage its checkpoints (each on a copy, `copy_of`): its directory, the 1-step run's
-    result and the 2-step one's."""
+    result and the 2-step one's. On the word vocabulary: what these tests check (checkpoints,
+    resume, export's files and logits) does not depend on Qwen3's; a Qwen-vocabulary export
+    is verified against transformers in tests/train/test_export.py."""
     path = tmp_path_factory.mktemp("two_step_run")
-    cfg = lambda steps: tiny_config(path, steps=steps, **{"eval.every": 0, "checkpoint.every": 1})
+    cfg = lambda steps: tiny_config(path, steps=steps, words=True, **{"eval.every": 0, "checkpoint.every": 1})
     first = train(cfg(1))
     return path, first, train(cfg(2))
 
@@ -123,7 +125,7 @@ def test_a_damaged_latest_checkpoint_resumes_from_the_previous_one(two_step_run,
     checkpoint's parameters) and saves the redone steps again. Intact, that finished run
     returns at once when started again (no model built), its changed config still refused."""
     from jaxscaffold.config import ConfigError
-    cfg = lambda steps, **more: tiny_config(tmp_path, steps=steps, **{"eval.every": 0, "checkpoint.every": 1, **more})
+    cfg = lambda steps, **more: tiny_config(tmp_path, steps=steps, words=True, **{"eval.every": 0, "checkpoint.every": 1, **more})
     _, first, second = two_step_run
     copy_of(two_step_run, tmp_path)
     params_1 = [np.asarray(x) for x in jax.tree.leaves(first["state"].params)]
@@ -159,7 +161,7 @@ def test_a_damaged_latest_checkpoint_resumes_from_the_previous_one(two_step_run,
 def test_kl_to_the_frozen_initial_policy(tmp_path):
     """kl_coef > 0 trains against a frozen copy of the initial parameters: zero KL at the first
     step (policy == reference), positive once the policy has moved."""
-    out = train(tiny_config(tmp_path, steps=3, **{"rl.kl_coef": 0.1, "eval.every": 0, "checkpoint.every": 3}))
+    out = train(tiny_config(tmp_path, steps=3, words=True, **{"rl.kl_coef": 0.1, "eval.every": 0, "checkpoint.every": 3}))
     assert jax.tree.leaves(out["state"].params)[0].sharding.device_set == {jax.devices()[0]}  # mesh.devices = 1
     hist = out["history"]
     assert abs(hist[0]["train/kl"]) < 1e-6
@@ -179,7 +181,7 @@ def test_dapo_dynamic_sampling_trains_only_on_groups_of_mixed_success(tmp_path, 
             kept[step] = episodes
             return episodes, stats
 
-    cfg = tiny_config(tmp_path, steps=2, **{"rl.algorithm": "dapo", "envs.train": "coin", "envs.eval": "coin",
+    cfg = tiny_config(tmp_path, steps=2, words=True, **{"rl.algorithm": "dapo", "envs.train": "coin", "envs.eval": "coin",
                                            "rollout.max_turns": 3, "rollout.max_len": 256, "eval.every": 0,
                                            "checkpoint.every": 2})
     hist = train(cfg, workload=Recording)["history"]
@@ -243,7 +245,7 @@ def test_stepwise_representation_trains_one_row_per_turn(tmp_path, monkeypatch):
     token count covers all rows, more than the last turn alone)."""
     from tests.train import toy_envs
     toy_envs.register(monkeypatch)
-    cfg = tiny_config(tmp_path, steps=1, **{"eval.every": 0, "checkpoint.every": 1, "envs.train": "coin",
+    cfg = tiny_config(tmp_path, steps=1, words=True, **{"eval.every": 0, "checkpoint.every": 1, "envs.train": "coin",
                                            "envs.eval": "coin", "rollout.max_turns": 3, "rollout.max_len": 256,
                                            "rollout.representation": "stepwise", "rollout.history_window": 1})
     h = train(cfg)["history"][0]
