@@ -18,6 +18,8 @@ from jaxscaffold.train.workloads.env_rl import EnvWorkload
 from tests.train.configs import tiny_config
 
 ROWS = 8  # tiny_config: 2 tasks x 4 rollouts, one trajectory row each
+# The runs here are on the word vocabulary (tiny_config's `words`): what they check (versions,
+# schedules, checkpoints, bit-equal loops) does not depend on Qwen3's.
 
 
 def leaves(params):
@@ -44,9 +46,9 @@ def synchronous_reference(cfg, steps):
 
 @pytest.mark.slow  # ~50 s on a loaded 2-core machine: two 2-step runs
 def test_staleness_0_is_the_synchronous_loop_bit_for_bit(tmp_path):
-    cfg = tiny_config(tmp_path / "run", steps=2, **{"eval.every": 0, "checkpoint.every": 2})
+    cfg = tiny_config(tmp_path / "run", steps=2, words=True, **{"eval.every": 0, "checkpoint.every": 2})
     out = train(cfg)
-    reference, _, _ = synchronous_reference(tiny_config(tmp_path / "ref", steps=2), 2)
+    reference, _, _ = synchronous_reference(tiny_config(tmp_path / "ref", steps=2, words=True), 2)
     for h, r in zip(out["history"], reference, strict=True):
         assert not any(k.startswith("rollout/staleness") for k in h)  # k = 0 logs what it logged
         for k, v in r.items():
@@ -68,8 +70,8 @@ def test_staleness_1_collects_ahead_with_the_scheduled_versions(tmp_path):
     # The trainer's old log-probs, TIS and MIS: the correction a stale batch trains with.
     correction = {"rl.recompute_old_logprobs": True, "rl.tis_cap": 2.0, "rl.mis": "token"}
     async_run = {"eval.every": 2, "checkpoint.every": 1, "rollout.max_staleness": 1, **correction}
-    out = train(tiny_config(tmp_path / "run", steps=3, **async_run), workload=Recording)
-    _, ref_params, ref_states = synchronous_reference(tiny_config(tmp_path / "ref", steps=2, **correction), 2)
+    out = train(tiny_config(tmp_path / "run", steps=3, words=True, **async_run), workload=Recording)
+    _, ref_params, ref_states = synchronous_reference(tiny_config(tmp_path / "ref", steps=2, words=True, **correction), 2)
     # Step t samples with version max(0, t - 2): steps 1 and 2 the initial policy, step 3 the
     # policy after step 1 (equal to the synchronous run's: step 1's rollouts are the same).
     for t, version in ((1, 0), (2, 0), (3, 1)):
@@ -94,7 +96,7 @@ def test_staleness_1_collects_ahead_with_the_scheduled_versions(tmp_path):
     # Resumed from step 3's checkpoint with one more step: collection restarts at step 4 with
     # the checkpoint's policy, on-policy.
     seen.clear()
-    more = train(tiny_config(tmp_path / "run", steps=4, **async_run), workload=Recording)
+    more = train(tiny_config(tmp_path / "run", steps=4, words=True, **async_run), workload=Recording)
     assert list(seen) == [4]
     assert more["history"][-1]["rollout/staleness_0"] == ROWS
 
@@ -152,7 +154,7 @@ def test_a_split_pod_samples_on_its_rollout_devices(tmp_path):
             assert set(job.mesh.devices.flat) == {devices[0]} and set(job.sampler.mesh.devices.flat) == {devices[1]}
             return super().collect(job, params, step)
 
-    cfg = tiny_config(tmp_path, steps=3, **{"eval.every": 3, "checkpoint.every": 3, "mesh.devices": 2,
+    cfg = tiny_config(tmp_path, steps=3, words=True, **{"eval.every": 3, "checkpoint.every": 3, "mesh.devices": 2,
                                             "mesh.rollout_devices": 1, "rollout.max_staleness": 1})
     out = train(cfg, workload=Recording)
     assert placed == {1: {devices[1]}, 2: {devices[1]}, 3: {devices[1]}}
