@@ -17,8 +17,10 @@ from tests.train.configs import tiny_config
 
 
 def coin_config(out_dir, **overrides):
-    """The test's tiny config on the toy `coin` env (up to 3 steps, AG and OE enrichers)."""
-    return tiny_config(out_dir, **{"envs.train": "coin", "envs.eval": "coin", "rollout.max_turns": 3,
+    """The test's tiny config on the toy `coin` env (up to 3 steps, AG and OE enrichers), on the
+    word vocabulary: coin rewards any text, and the logs and resume checked here do not depend
+    on Qwen3's vocabulary."""
+    return tiny_config(out_dir, words=True, **{"envs.train": "coin", "envs.eval": "coin", "rollout.max_turns": 3,
                                    "rollout.max_len": 256, "eval.every": 0, **overrides})
 
 
