@@ -32,7 +32,7 @@ def _run(tmp_path, rows):
                                for e in episodes]
             return episodes, stats
 
-    cfg = tiny_config(tmp_path, steps=2, **{"rollout.tasks_per_step": 3, "rollout.max_rows_in_flight": rows,
+    cfg = tiny_config(tmp_path, steps=2, words=True, **{"rollout.tasks_per_step": 3, "rollout.max_rows_in_flight": rows,
                                            "eval.every": 0, "checkpoint.every": 10,
                                            "feedback.schedule": "ag_early_oe_late", "feedback.probability": 0.5})
     hist = train(cfg, workload=Recording)["history"]
