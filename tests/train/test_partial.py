@@ -24,17 +24,21 @@ from jaxscaffold.episodes.driver import run_episodes
 from jaxscaffold.episodes.episode import Episode
 from jaxscaffold.models import config as model_config
 from jaxscaffold.models import qwen3
-from jaxscaffold.models.tokenizer import QwenOfflineTokenizer
+from jaxscaffold.models.word_tokenizer import padded_vocab_size
 from jaxscaffold.rl.logprobs import token_logprobs
 from jaxscaffold.rollout.conversation import Conversation
 from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import SamplingConfig
 from jaxscaffold.train.collector import AheadCollector, staleness_filter, version_stats
 from jaxscaffold.train.trainer import train
+from jaxscaffold.train.vocabularies import word_tokenizer
 from jaxscaffold.train.workloads.env_rl import EnvWorkload
 from tests.train.configs import tiny_config
 
-CONFIG = model_config.tiny()
+# The tiny model on the rooms env's own word vocabulary (~270 ids, not Qwen3's 151,936): what a
+# swap does to tokens, versions and log-probs does not depend on the vocabulary.
+TOKENIZER = word_tokenizer("rooms")
+CONFIG = model_config.tiny(vocab_size=padded_vocab_size(TOKENIZER))
 TASKS = [t for t in registry.catalogue("rooms", "train")[:2] for _ in range(2)]
 
 
@@ -51,10 +55,9 @@ class SwapAt:
 
 
 def _run(params, refresh=None, reprefill=False):
-    tok = QwenOfflineTokenizer()
-    sampler = Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=4, max_len=512,
+    sampler = Sampler(CONFIG, stop_ids=TOKENIZER.eos_ids, batch_size=4, max_len=512,
                       options=SamplerOptions(cache_dtype="float32", sampling=SamplingConfig(temperature=1.0)))
-    agent = ModelAgent(params, sampler, tok, RolloutConfig(max_new_tokens=12), seed=5, train_step=2,
+    agent = ModelAgent(params, sampler, TOKENIZER, RolloutConfig(max_new_tokens=12), seed=5, train_step=2,
                        refresh_params=refresh, reprefill=reprefill)
     episodes = run_episodes(agent, LocalEnvs({"rooms": registry.factory("rooms")}), TASKS, max_turns=2,
                             decode_chunk=4)
@@ -219,7 +222,7 @@ def test_a_partial_run_trains_rows_of_mixed_versions_within_the_bound(tmp_path):
     one version old (their oldest token) and train; every token is counted once."""
     run = {"eval.every": 0, "checkpoint.every": 3, "rollout.max_staleness": 1, "rollout.partial": True,
            "rl.recompute_old_logprobs": True, "rl.mis": "token", "rollout.decode_chunk": 4}
-    h = train(tiny_config(tmp_path, steps=3, **run), workload=SwapsInStep2)["history"]
+    h = train(tiny_config(tmp_path, steps=3, words=True, **run), workload=SwapsInStep2)["history"]
     rows = 8  # tiny_config: 2 tasks x 4 rollouts
     for x in h:
         assert np.isfinite(x["train/loss"]) and x["rollout/stale_dropped_rows"] == 0
