@@ -108,7 +108,7 @@ def test_the_run_stops_at_the_failed_save_and_resumes_after_space_is_freed(tmp_p
         calls.append(path)
         return real(path) if len(calls) == 1 else real(path)._replace(free=0)
     monkeypatch.setattr(checkpoint_lib.shutil, "disk_usage", filling)
-    cfg = tiny_config(tmp_path, steps=3, **{"eval.every": 0, "checkpoint.every": 1})
+    cfg = tiny_config(tmp_path, steps=3, words=True, **{"eval.every": 0, "checkpoint.every": 1})  # the word vocabulary: saves, not tokens
     with pytest.raises(CheckpointSaveError, match=r"^checkpoint step 2 not saved: 0\.0 MB free .*; last complete "
                                                   r"checkpoint: step 1 in ") as e:
         train(cfg)
