@@ -88,8 +88,9 @@ class Poisoned(EnvWorkload):
 
 
 def test_non_finite_updates_are_skipped_and_stop_the_run(tmp_path):
-    cfg = tiny_config(tmp_path, steps=5, **{"rl.max_bad_steps": 2, "eval.every": 0, "checkpoint.every": 1})
-    first = train(tiny_config(tmp_path, steps=1, **{"eval.every": 0, "checkpoint.every": 1}))
+    # On the word vocabulary: a poisoned reward's NaN does not depend on Qwen3's.
+    cfg = tiny_config(tmp_path, steps=5, words=True, **{"rl.max_bad_steps": 2, "eval.every": 0, "checkpoint.every": 1})
+    first = train(tiny_config(tmp_path, steps=1, words=True, **{"eval.every": 0, "checkpoint.every": 1}))
     after_1 = [np.asarray(x) for x in jax.tree.leaves(first["state"].params)]
     with pytest.raises(RunFailed, match=r"^2 steps in a row up to step 3 had a non-finite loss or gradient norm "
                                         r"\(rl\.max_bad_steps=2\).*; last checkpoint: step 2 in ") as e:
