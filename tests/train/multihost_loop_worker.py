@@ -39,15 +39,14 @@ class Recording(EnvWorkload):
         return episodes, stats
 
 
-# A word-level vocabulary of a few hundred ids instead of Qwen3's 151,936, which would be 9.7M of
-# the tiny model's ~10M parameters and most of its compute: the coin env rewards any text (by its
-# CRC), so what these runs check (the same episodes and steps on one process and on two) does
-# not depend on the words (its texts are unknown words to it: one id).
-WORDS = {"model.vocabulary": "rooms"}
+# Every run here is on tiny_config's word vocabulary (`words=True`), a few hundred ids instead of
+# Qwen3's 151,936: the coin env rewards any text (by its CRC), so what these runs check (the same
+# episodes and steps on one process and on two) does not depend on the words (its texts are
+# unknown words to it: one id).
 
 # Sampled rollouts (T = 1) in groups of two: an episode's sampling seeds derive from its global
 # episode id, so each process samples exactly the episodes one process would (test_multihost.py).
-cfg = tiny_config(os.path.join(out, "run"), steps=2, **WORDS, **{
+cfg = tiny_config(os.path.join(out, "run"), steps=2, words=True, **{
     "rollout.tasks_per_step": 4, "rollout.group_size": 2, "rollout.temperature": 1.0,
     "rollout.max_turns": 3, "rollout.max_len": 256, "envs.train": "coin", "envs.eval": "coin",
     "feedback.schedule": "bandit", "feedback.bandit_signal": "success",
@@ -69,7 +68,7 @@ if process_id == 0:
              **{jax.tree_util.keystr(p): v for p, v in jax.tree_util.tree_flatten_with_path(params)[0]})
 
 # LoRA: the same loop on the adapters, rollouts decoding with the base merged with them.
-cfg = tiny_config(os.path.join(out, "lora"), steps=2, **WORDS, **{
+cfg = tiny_config(os.path.join(out, "lora"), steps=2, words=True, **{
     "rollout.tasks_per_step": 4, "rollout.group_size": 2, "rollout.temperature": 1.0,
     "rollout.max_turns": 3, "rollout.max_len": 256, "envs.train": "coin", "envs.eval": "coin",
     "eval.every": 2, "eval.tasks": 4, "checkpoint.every": 2, "mesh.devices": 0,
@@ -87,7 +86,7 @@ if num_processes > 1:
     # DAPO's dynamic sampling on several processes: each fills its share of the groups, all
     # keep generating (and taking tasks) until every one is full, so the streams stay equal.
     ran.clear()
-    cfg = tiny_config(os.path.join(out, "dapo"), steps=2, **WORDS, **{
+    cfg = tiny_config(os.path.join(out, "dapo"), steps=2, words=True, **{
         "rl.algorithm": "dapo", "rollout.tasks_per_step": 4, "rollout.group_size": 4,
         "rollout.max_turns": 3, "rollout.max_len": 256, "envs.train": "coin", "envs.eval": "coin",
         "eval.every": 0, "checkpoint.every": 2, "mesh.devices": 0, "rollout.sampler_devices": 1})
@@ -107,7 +106,7 @@ stale = {
     "feedback.schedule": "bandit", "feedback.bandit_signal": "success", "feedback.bandit_arms": "ag_early,oe_early",
     "eval.every": 2, "eval.tasks": 4, "checkpoint.every": 3, "mesh.devices": 0, "rollout.sampler_devices": 1,
     "rollout.max_staleness": 1}
-cfg = tiny_config(os.path.join(out, "stale"), steps=3, **WORDS, **stale)
+cfg = tiny_config(os.path.join(out, "stale"), steps=3, words=True, **stale)
 result = train(cfg, workload=Recording)
 with open(os.path.join(out, f"process{process_id}_stale.json"), "w") as f:
     json.dump({"history": result["history"], "ran": ran}, f)
@@ -118,7 +117,7 @@ if num_processes > 1:
 
     refused = ""
     try:
-        train(tiny_config(os.path.join(out, "refused"), steps=1, **WORDS, **{
+        train(tiny_config(os.path.join(out, "refused"), steps=1, words=True, **{
             "rollout.tasks_per_step": 4, "envs.train": "coin", "eval.every": 0, "mesh.devices": 0,
             "rollout.sampler_devices": 1, "rollout.max_staleness": 1}), workload=Unmarked)
     except ValueError as e:
@@ -143,7 +142,7 @@ if num_processes > 1:
                     rows.append([step, e.group, rollout, versions, sum(conv.assistant_mask)])
             return episodes, stats
 
-    cfg = tiny_config(os.path.join(out, "partial"), steps=3, **WORDS, **{
+    cfg = tiny_config(os.path.join(out, "partial"), steps=3, words=True, **{
         "rl.algorithm": "dapo", "rollout.tasks_per_step": 4, "rollout.group_size": 4,
         "rollout.max_turns": 3, "rollout.max_len": 256, "envs.train": "coin", "envs.eval": "coin",
         "eval.every": 0, "checkpoint.every": 3, "mesh.devices": 0, "rollout.sampler_devices": 1,
@@ -177,7 +176,7 @@ if num_processes > 1:
             return out
 
     ran.clear()
-    cfg = tiny_config(os.path.join(out, "unswapped"), steps=2, **WORDS, **{**stale, "rollout.partial": True})
+    cfg = tiny_config(os.path.join(out, "unswapped"), steps=2, words=True, **{**stale, "rollout.partial": True})
     result = train(cfg, workload=CollectsBeforePublish)
     with open(os.path.join(out, f"process{process_id}_unswapped.json"), "w") as f:
         json.dump({"history": result["history"], "ran": ran}, f)
