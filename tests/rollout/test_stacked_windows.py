@@ -57,9 +57,9 @@ def test_stacked_windows_give_the_full_capacity_tokens(tiny, monkeypatch):
     outs = {}
     for name, buckets in (("windowed", None), ("full", (CAPACITY,))):
         windows.clear()
-        # Greedy: a sampled token at temperature 1 (over Qwen's 151,936 ids, where it was seen) flips on the last bits of its
-        # logits (the window sums in another order), which differ by instruction set (seen on an
-        # Intel Xeon, not on a Zen); the argmax does not.
+        # Greedy: a sampled token at temperature 1 (seen over Qwen's 151,936 ids) flips on the
+        # last bits of its logits (the window sums in another order), which differ by
+        # instruction set (seen on an Intel Xeon, not on a Zen); the argmax does not.
         sampler = Sampler(config, batch_size=2, max_len=CAPACITY, stop_ids=(),
                           options=SamplerOptions(sampling=SamplingConfig(temperature=0.0), layout="stacked",
                                                  window_buckets=buckets))  # the bf16 cache of TPU / GPU
