@@ -18,13 +18,17 @@ from jaxscaffold.feedback import enrichers as enrichers_lib
 from jaxscaffold.feedback import schedule as schedule_lib
 from jaxscaffold.feedback.apply import Feedback
 from jaxscaffold.models import config as model_config, qwen3
-from jaxscaffold.models.tokenizer import QwenOfflineTokenizer
+from jaxscaffold.models.word_tokenizer import padded_vocab_size
 from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import SamplingConfig
+from jaxscaffold.train.vocabularies import word_tokenizer
 from tests.envs.test_pool import FAKE
 
 ROOMS = {"rooms": registry.import_path("rooms")}
-CONFIG = model_config.tiny()
+# The tiny model on the rooms env's word vocabulary (~270 ids, not Qwen3's 151,936): lock step
+# against async is a token-for-token property of the rows, whatever the vocabulary.
+TOKENIZER = word_tokenizer("rooms")
+CONFIG = model_config.tiny(vocab_size=padded_vocab_size(TOKENIZER))
 
 
 def _rooms(groups, size):
@@ -56,7 +60,7 @@ def test_async_gives_the_lockstep_episodes_with_fewer_slots(params, representati
     4 slots (the others queue) with envs in a pool of 3 workers: equal episodes, token for
     token. (The tiny model's rows are exact here; on other backends a batch's shape can flip a
     near tie: docs/async_rollouts.md.)"""
-    tok = QwenOfflineTokenizer()
+    tok = TOKENIZER
     tasks = _rooms(3, 3)
     groups = [i // 3 for i in range(9)]
     cfg = RolloutConfig(max_new_tokens=12, representation=representation)

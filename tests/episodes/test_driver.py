@@ -8,18 +8,29 @@ from jaxscaffold.envs import registry
 from jaxscaffold.models import config as model_config, qwen3
 from jaxscaffold.models.chat import Qwen3ChatRenderer
 from jaxscaffold.models.tokenizer import QwenOfflineTokenizer
+from jaxscaffold.models.word_tokenizer import padded_vocab_size
 from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import SamplingConfig
 from jaxscaffold.envs.local import LocalEnvs
 from jaxscaffold.episodes.agents import ModelAgent, RolloutConfig
 from jaxscaffold.episodes.driver import complete, run_episodes
+from jaxscaffold.train.vocabularies import word_tokenizer
 
 CONFIG = model_config.tiny()
+# Where only token ids and seeds matter (reproducible and split rows), the tiny model on the rooms
+# word vocabulary (~270 ids, not Qwen3's 151,936); where decoded text is checked, Qwen's.
+WORDS = word_tokenizer("rooms")
+WORDS_CONFIG = model_config.tiny(vocab_size=padded_vocab_size(WORDS))
 
 
 @pytest.fixture(scope="module")
 def params():
     return qwen3.init_params(CONFIG, jax.random.key(0))
+
+
+@pytest.fixture(scope="module")
+def word_params():
+    return qwen3.init_params(WORDS_CONFIG, jax.random.key(0))
 
 
 def test_the_env_system_prompt_reaches_the_model(params):
@@ -47,10 +58,10 @@ def _prompts(tok, n):
                         enable_thinking=False) for i in range(n)]
 
 
-def test_complete_is_reproducible_per_row(params):
-    tok = QwenOfflineTokenizer()
+def test_complete_is_reproducible_per_row(word_params):
+    params, tok = word_params, WORDS
     prompts = _prompts(tok, 5)
-    sampler = Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=2, max_len=64,
+    sampler = Sampler(WORDS_CONFIG, stop_ids=tok.eos_ids, batch_size=2, max_len=64,
                       options=SamplerOptions(sampling=SamplingConfig(temperature=1.0)))
     a = complete(params, sampler, tok, prompts, max_new_tokens=6, seed=3)
     b = complete(params, sampler, tok, prompts, max_new_tokens=6, seed=3)
@@ -108,11 +119,11 @@ def test_stepwise_rows_rebuild_the_prompt_with_a_history_window(params, monkeypa
     assert all(len(e.training_rows()) == 1 for e in traj)
 
 
-def test_complete_rows_keep_their_seeds_when_split(params):
+def test_complete_rows_keep_their_seeds_when_split(word_params):
     """A share of the rows (first_row = its offset) samples exactly those rows of the whole."""
-    tok = QwenOfflineTokenizer()
+    params, tok = word_params, WORDS
     prompts = _prompts(tok, 4)
-    sampler = Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=4, max_len=64,
+    sampler = Sampler(WORDS_CONFIG, stop_ids=tok.eos_ids, batch_size=4, max_len=64,
                       options=SamplerOptions(sampling=SamplingConfig(temperature=1.0)))
     whole = complete(params, sampler, tok, prompts, max_new_tokens=6, seed=5)
     tail = complete(params, sampler, tok, prompts[2:], max_new_tokens=6, seed=5, first_row=2)
@@ -120,20 +131,20 @@ def test_complete_rows_keep_their_seeds_when_split(params):
 
 
 @pytest.mark.default_emitters
-def test_episodes_keep_their_samples_when_split_by_episode_ids(params, monkeypatch):
+def test_episodes_keep_their_samples_when_split_by_episode_ids(word_params, monkeypatch):
     """What multi-host rollouts rely on: episodes run in two calls (each passing the global
     episode ids of its share, at its own batch size) sample exactly what one call samples,
     turn after turn; other episode ids sample differently."""
     from tests.train.toy_envs import CoinEnv, catalogue, register
     register(monkeypatch)
-    tok = QwenOfflineTokenizer()
+    params, tok = word_params, WORDS
     tasks = catalogue("train", 3)
     tasks = [t for t in tasks for _ in range(2)]  # groups of two: same task, different samples
     groups = [0, 0, 1, 1, 2, 2]
     cfg = RolloutConfig(max_turns=3, max_new_tokens=6)
 
     def run(idx, ids):
-        sampler = Sampler(CONFIG, stop_ids=tok.eos_ids, batch_size=len(idx), max_len=512,
+        sampler = Sampler(WORDS_CONFIG, stop_ids=tok.eos_ids, batch_size=len(idx), max_len=512,
                           options=SamplerOptions(sampling=SamplingConfig(1.0)))
         agent = ModelAgent(params, sampler, tok, cfg, seed=3, train_step=1, episode_ids=ids)
         return run_episodes(agent, LocalEnvs({"coin": CoinEnv}), [tasks[i] for i in idx], [groups[i] for i in idx],

@@ -45,7 +45,7 @@ def test_flash_values_and_gradients_equal_xla_attention(t, block):
 
 def test_flash_in_the_model_equals_xla_attention():
     """Qwen3's forward with attention_impl="flash" gives the XLA kernel's logits on real tokens."""
-    config = tiny(compute_dtype="float32")
+    config = tiny(vocab_size=512, compute_dtype="float32")  # attention is the check: a small LM head
     params = qwen3.init_params(config, jax.random.key(0))
     tokens = jnp.asarray(np.random.RandomState(0).randint(0, config.vocab_size, (2, 40)), jnp.int32)
     seg = jnp.asarray([[1] * 40, [1] * 25 + [0] * 15], jnp.int32)

@@ -9,7 +9,7 @@ from jaxscaffold.rollout.conversation import MultiTurn
 from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import SamplingConfig
 
-CONFIG = model_config.tiny()
+CONFIG = model_config.tiny(vocab_size=512)  # token ids only: a small vocabulary keeps the LM head cheap
 STOP = (7,)  # a frequent enough token of the random tiny model to end some turns early
 
 

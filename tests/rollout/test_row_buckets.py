@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from jaxscaffold.models import config as model_config, qwen3
-from jaxscaffold.models.hf_io import EOS_IDS
 from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import SamplingConfig
 
-CONFIG = model_config.tiny()
+CONFIG = model_config.tiny(vocab_size=1024)  # token ids below 1000: a small vocabulary keeps the LM head cheap
+STOP = (1023,)  # the last id, never in a prompt
 
 
 def _arrays(state):
@@ -32,7 +32,7 @@ def test_few_rows_run_alone_as_on_all_slots(layout):
     first = {15: list(rng.integers(0, 1000, size=150))}  # slot 15 restarts: a long first prompt beside them
 
     def run(row_buckets):
-        sampler = Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=16, max_len=256,
+        sampler = Sampler(CONFIG, stop_ids=STOP, batch_size=16, max_len=256,
                           options=SamplerOptions(layout=layout, sampling=SamplingConfig(temperature=1.0),
                                                  cache_dtype="float32", row_buckets=row_buckets))
         p = sampler.prepare(params)
@@ -74,16 +74,16 @@ def test_few_rows_run_alone_as_on_all_slots(layout):
 
 
 def test_row_buckets_default_and_checks():
-    assert Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=64, max_len=128, options=SamplerOptions(layout="per_layer")).row_buckets == (8, 16, 32, 64)
-    assert Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=64, max_len=128, options=SamplerOptions(layout="stacked")).row_buckets == (64,)
-    assert Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=6, max_len=128, options=SamplerOptions(layout="per_layer")).row_buckets == (6,)
-    assert Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=64, max_len=128,
+    assert Sampler(CONFIG, stop_ids=STOP, batch_size=64, max_len=128, options=SamplerOptions(layout="per_layer")).row_buckets == (8, 16, 32, 64)
+    assert Sampler(CONFIG, stop_ids=STOP, batch_size=64, max_len=128, options=SamplerOptions(layout="stacked")).row_buckets == (64,)
+    assert Sampler(CONFIG, stop_ids=STOP, batch_size=6, max_len=128, options=SamplerOptions(layout="per_layer")).row_buckets == (6,)
+    assert Sampler(CONFIG, stop_ids=STOP, batch_size=64, max_len=128,
                    options=SamplerOptions(layout="per_layer")).prefill_row_buckets == (2, 4, 8, 16, 32, 64)
-    assert Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=6, max_len=128, options=SamplerOptions(layout="per_layer")).prefill_row_buckets == (6,)
+    assert Sampler(CONFIG, stop_ids=STOP, batch_size=6, max_len=128, options=SamplerOptions(layout="per_layer")).prefill_row_buckets == (6,)
     with pytest.raises(ValueError, match="row_buckets"):
-        Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=16, max_len=128, options=SamplerOptions(row_buckets=(4, 8)))
+        Sampler(CONFIG, stop_ids=STOP, batch_size=16, max_len=128, options=SamplerOptions(row_buckets=(4, 8)))
     with pytest.raises(ValueError, match="prefill_row_buckets"):
-        Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=16, max_len=128, options=SamplerOptions(prefill_row_buckets=(0, 16)))
+        Sampler(CONFIG, stop_ids=STOP, batch_size=16, max_len=128, options=SamplerOptions(prefill_row_buckets=(0, 16)))
 
 
 def _call_cost(sampler, new, lengths, call):
@@ -103,7 +103,7 @@ def test_prefill_calls_are_the_cheapest_split_by_width():
     run one call, enumerated: the chosen calls hold each row once and cost no more than the
     cheapest; rows that fill no bucket run in pieces of bucket size where that costs less; a
     sampler whose calls run on all slots makes one call."""
-    sampler = Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=16, max_len=2048, options=SamplerOptions(layout="per_layer"))
+    sampler = Sampler(CONFIG, stop_ids=STOP, batch_size=16, max_len=2048, options=SamplerOptions(layout="per_layer"))
     rng = np.random.default_rng(1)
     for case in range(30):
         n = int(rng.integers(1, 9))
@@ -124,6 +124,6 @@ def test_prefill_calls_are_the_cheapest_split_by_width():
     assert sorted(map(sorted, sampler.prefill_calls({0: 700, 3: 40, 5: 50, 7: 60}, lengths))) == [[0], [3, 5, 7]]
     assert sampler.prefill_calls({s: 100 + s for s in range(16)}, lengths) == [list(range(16))]
     assert sorted(map(len, sampler.prefill_calls({s: 100 + s for s in range(12)}, lengths))) == [4, 8]  # not 16
-    every = Sampler(CONFIG, stop_ids=EOS_IDS, batch_size=16, max_len=2048, options=SamplerOptions(layout="stacked"))
+    every = Sampler(CONFIG, stop_ids=STOP, batch_size=16, max_len=2048, options=SamplerOptions(layout="stacked"))
     assert every.prefill_row_buckets == (16,)
     assert every.prefill_calls({0: 700, 3: 40}, lengths) == [[0, 3]]

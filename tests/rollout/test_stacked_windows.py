@@ -10,19 +10,29 @@ import pytest
 
 from jaxscaffold.models import config as model_configs
 from jaxscaffold.models import qwen3
-from jaxscaffold.models.hf_io import EOS_IDS
 from jaxscaffold.rollout import engine
 from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import SamplingConfig
 
 CAPACITY = 300  # windows 128, 192, 256, 300
+STOP = (511,)  # the last id of the small vocabulary
+
+
+def _sharp(config):
+    params = qwen3.init_params(config, jax.random.key(3))
+    return config, jax.tree.map(lambda x: x * 8 if x.ndim > 1 else x, params)  # sharper than uniform
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    config = model_configs.tiny()
-    params = qwen3.init_params(config, jax.random.key(3))
-    return config, jax.tree.map(lambda x: x * 8 if x.ndim > 1 else x, params)  # sharper than uniform
+    return _sharp(model_configs.tiny(vocab_size=512))  # token ids only: a small vocabulary keeps the LM head cheap
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen():
+    """Qwen3's vocabulary: the sharded test's 1e-5 on log-probs holds there; on 512 ids a
+    log-prob's last bits moved by 1.1e-5 (tokens equal)."""
+    return _sharp(model_configs.tiny())
 
 
 def _two_turns(sampler, params):
@@ -47,9 +57,9 @@ def test_stacked_windows_give_the_full_capacity_tokens(tiny, monkeypatch):
     outs = {}
     for name, buckets in (("windowed", None), ("full", (CAPACITY,))):
         windows.clear()
-        # Greedy: a sampled token at temperature 1 over 151,936 ids flips on the last bits of its
-        # logits (the window sums in another order), which differ by instruction set (seen on an
-        # Intel Xeon, not on a Zen); the argmax does not.
+        # Greedy: a sampled token at temperature 1 (seen over Qwen's 151,936 ids) flips on the
+        # last bits of its logits (the window sums in another order), which differ by
+        # instruction set (seen on an Intel Xeon, not on a Zen); the argmax does not.
         sampler = Sampler(config, batch_size=2, max_len=CAPACITY, stop_ids=(),
                           options=SamplerOptions(sampling=SamplingConfig(temperature=0.0), layout="stacked",
                                                  window_buckets=buckets))  # the bf16 cache of TPU / GPU
@@ -71,7 +81,7 @@ def test_a_windowed_decode_reads_only_its_window(tiny):
     dynamic slices), the full-capacity one every slot."""
     config, _ = tiny
     for buckets, slots in ((None, 128), ((CAPACITY,), CAPACITY)):
-        sampler = Sampler(config, stop_ids=EOS_IDS, batch_size=2, max_len=CAPACITY,
+        sampler = Sampler(config, stop_ids=STOP, batch_size=2, max_len=CAPACITY,
                           options=SamplerOptions(layout="stacked", window_buckets=buckets))
         lowered = sampler.lower_decode(qwen3.param_shapes(config), jax.eval_shape(sampler.init_state),
                                        window=sampler.decode_window(100))
@@ -83,19 +93,19 @@ def test_a_windowed_decode_reads_only_its_window(tiny):
 
 def test_window_buckets_must_end_at_the_capacity(tiny):
     config, _ = tiny
-    assert Sampler(config, stop_ids=EOS_IDS, batch_size=1, max_len=700).prefill_window_buckets == (128, 256, 512, 700)
-    assert Sampler(config, stop_ids=EOS_IDS, batch_size=1, max_len=700,
+    assert Sampler(config, stop_ids=STOP, batch_size=1, max_len=700).prefill_window_buckets == (128, 256, 512, 700)
+    assert Sampler(config, stop_ids=STOP, batch_size=1, max_len=700,
                    options=SamplerOptions(window_buckets=(192, 700))).prefill_window_buckets == (700,)
     for bad in ((128, 256), (256, 128, 700)):
         with pytest.raises(ValueError, match="window_buckets"):
-            Sampler(config, stop_ids=EOS_IDS, batch_size=1, max_len=700, options=SamplerOptions(window_buckets=bad))
+            Sampler(config, stop_ids=STOP, batch_size=1, max_len=700, options=SamplerOptions(window_buckets=bad))
 
 
-def test_sharded_windows_equal_unsharded(tiny):
+def test_sharded_windows_equal_unsharded(tiny_qwen):
     """Rows over the batch axes, kv heads over `tensor`: the windowed stacked decode gives the
     unsharded one's tokens, and the cache keeps its sharding."""
     from jaxscaffold.models.sharding import MeshConfig, make_mesh
-    config, params = tiny
+    config, params = tiny_qwen
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
     outs = []
     for p, m in ((params, None), (jax.device_put(params, qwen3.param_shardings(config, mesh)), mesh)):
