@@ -10,7 +10,7 @@ from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import SamplingConfig
 
 CONFIG = model_config.tiny(vocab_size=512)  # token ids only: a small vocabulary keeps the LM head cheap
-STOP = (7,)  # a frequent enough token of the random tiny model to end some turns early
+STOP = (11,)  # the random tiny model samples it at the 13th and 17th token of two turns, which end early
 
 
 def test_chunks_give_the_turn_of_one_generate_call():
@@ -35,5 +35,5 @@ def test_chunks_give_the_turn_of_one_generate_call():
         assert ended[s].finish_reason == ref[s].finish_reason
         assert chunked.conversations[s].ids == whole.conversations[s].ids
         assert chunked.conversations[s].finish_reasons == [ref[s].finish_reason]
-    assert {g.finish_reason for g in ref.values()} <= {"stop", "length"}
+    assert sorted(g.finish_reason for g in ref.values()) == ["length", "stop", "stop"]  # both ways of ending
     np.testing.assert_array_equal(sampler.lengths(chunked.state), sampler.lengths(whole.state))
