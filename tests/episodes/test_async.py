@@ -17,18 +17,16 @@ from jaxscaffold.episodes.timing import Timings
 from jaxscaffold.feedback import enrichers as enrichers_lib
 from jaxscaffold.feedback import schedule as schedule_lib
 from jaxscaffold.feedback.apply import Feedback
-from jaxscaffold.models import config as model_config, qwen3
-from jaxscaffold.models.word_tokenizer import padded_vocab_size
+from jaxscaffold.models import qwen3
 from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import SamplingConfig
-from jaxscaffold.train.vocabularies import word_tokenizer
 from tests.envs.test_pool import FAKE
+from tests.train.configs import word_model
 
 ROOMS = {"rooms": registry.import_path("rooms")}
 # The tiny model on the rooms env's word vocabulary (~270 ids, not Qwen3's 151,936): lock step
 # against async is a token-for-token property of the rows, whatever the vocabulary.
-TOKENIZER = word_tokenizer("rooms")
-CONFIG = model_config.tiny(vocab_size=padded_vocab_size(TOKENIZER))
+TOKENIZER, CONFIG = word_model()
 
 
 def _rooms(groups, size):

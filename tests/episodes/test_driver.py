@@ -8,19 +8,17 @@ from jaxscaffold.envs import registry
 from jaxscaffold.models import config as model_config, qwen3
 from jaxscaffold.models.chat import Qwen3ChatRenderer
 from jaxscaffold.models.tokenizer import QwenOfflineTokenizer
-from jaxscaffold.models.word_tokenizer import padded_vocab_size
 from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import SamplingConfig
 from jaxscaffold.envs.local import LocalEnvs
 from jaxscaffold.episodes.agents import ModelAgent, RolloutConfig
 from jaxscaffold.episodes.driver import complete, run_episodes
-from jaxscaffold.train.vocabularies import word_tokenizer
+from tests.train.configs import word_model
 
 CONFIG = model_config.tiny()
 # Where only token ids and seeds matter (reproducible and split rows), the tiny model on the rooms
 # word vocabulary (~270 ids, not Qwen3's 151,936); where decoded text is checked, Qwen's.
-WORDS = word_tokenizer("rooms")
-WORDS_CONFIG = model_config.tiny(vocab_size=padded_vocab_size(WORDS))
+WORDS, WORDS_CONFIG = word_model()
 
 
 @pytest.fixture(scope="module")

@@ -34,6 +34,16 @@ def apply_overrides(cfg, overrides: dict) -> None:
 WORDS = {"model.vocabulary": "rooms"}
 
 
+def word_model(**tiny_kwargs):
+    """The rooms word tokenizer and the tiny model config sized to it (`WORDS`' vocabulary, for
+    tests that build a sampler or model directly rather than through `tiny_config`)."""
+    from jaxscaffold.models import config as model_config
+    from jaxscaffold.models.word_tokenizer import padded_vocab_size
+    from jaxscaffold.train.vocabularies import word_tokenizer
+    tok = word_tokenizer(WORDS["model.vocabulary"])
+    return tok, model_config.tiny(vocab_size=padded_vocab_size(tok), **tiny_kwargs)
+
+
 def tiny_config(out_dir, *, real_eval: bool = False, words: bool = False, **overrides):
     """configs/tiny.py made smaller for tests: in-process envs, one of the 8 test devices (8
     data-parallel replicas of the parameters and their update would only repeat the work on the

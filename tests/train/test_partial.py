@@ -22,23 +22,19 @@ from jaxscaffold.envs.local import LocalEnvs
 from jaxscaffold.episodes.agents import ModelAgent, RolloutConfig
 from jaxscaffold.episodes.driver import run_episodes
 from jaxscaffold.episodes.episode import Episode
-from jaxscaffold.models import config as model_config
 from jaxscaffold.models import qwen3
-from jaxscaffold.models.word_tokenizer import padded_vocab_size
 from jaxscaffold.rl.logprobs import token_logprobs
 from jaxscaffold.rollout.conversation import Conversation
 from jaxscaffold.rollout.engine import Sampler, SamplerOptions
 from jaxscaffold.rollout.sampling import SamplingConfig
 from jaxscaffold.train.collector import AheadCollector, staleness_filter, version_stats
 from jaxscaffold.train.trainer import train
-from jaxscaffold.train.vocabularies import word_tokenizer
 from jaxscaffold.train.workloads.env_rl import EnvWorkload
-from tests.train.configs import tiny_config
+from tests.train.configs import tiny_config, word_model
 
 # The tiny model on the rooms env's own word vocabulary (~270 ids, not Qwen3's 151,936): what a
 # swap does to tokens, versions and log-probs does not depend on the vocabulary.
-TOKENIZER = word_tokenizer("rooms")
-CONFIG = model_config.tiny(vocab_size=padded_vocab_size(TOKENIZER))
+TOKENIZER, CONFIG = word_model()
 TASKS = [t for t in registry.catalogue("rooms", "train")[:2] for _ in range(2)]
 
 
