@@ -67,7 +67,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--no-build-base", action="store_true", help="a missing base model is an error, not built")
     p.add_argument("--from-json", default="", help="re-report this committed study.json (nothing runs)")
     p.add_argument("--scores-at", default="", help="with --from-json: per-step eval scores the JSON lacks")
-    p.add_argument("--markdown", default="", help="with --from-json: also write the tables to this file")
+    p.add_argument("--markdown", default="", help="with --report or --from-json: also write the tables to this file")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("jaxscaffold.studies").setLevel(logging.INFO)
@@ -93,6 +93,9 @@ def main(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     summary = report.write_report(study)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(report.markdown(summary))
     if args.json:
         print(json.dumps(report.json_safe(summary), allow_nan=False))
     else:

@@ -83,3 +83,8 @@ def test_a_real_study_of_tiny_runs_through_the_launcher(tmp_path):
     assert summary["paired_vs_baseline"]["drgrpo"]["final"]["seeds"] == [0, 1]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # resumed: nothing reruns
     assert again.returncode == 0 and json.loads(again.stdout.strip().splitlines()[-1]) == summary
+    tables = tmp_path / "tables.md"  # --report alone: the tables of the finished runs, nothing trains
+    reported = subprocess.run([*cmd[:-1], "--report", "--markdown", str(tables)], capture_output=True, text=True,
+                              timeout=600)
+    assert reported.returncode == 0, reported.stderr[-3000:]
+    assert tables.read_text() == report.markdown(summary) and "| drgrpo | 2 |" in tables.read_text()
