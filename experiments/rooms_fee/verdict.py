@@ -19,12 +19,10 @@ import sys
 
 ALPHA = 0.05
 NON_INFERIORITY_MARGIN = 1 / 64  # one of the 64 test layouts
-HYPOTHESES = {  # contrast name's (a, b, metric) -> (label, non-inferiority?)
-    ("fee", "standard", "final"): ("H1: fee > standard in success at step 20", False),
-    ("fee", "fee_random", "final"): ("H2: fee > fee_random in success at step 20", False),
-    ("fee_random", "fee", "eval_variability"): ("H3: fee_random's eval curve more variable than fee's", False),
-    ("fee", "ag_only", "final"): ("H4: fee >= ag_only (non-inferior by 1/64)", True),
-}
+# The Holm family's contrasts, (a, b, metric) as confirm.py declares them (with each hypothesis's
+# text), and whether the registered rule is non-inferiority (H4) rather than superiority.
+NON_INFERIORITY = {("fee", "standard", "final"): False, ("fee", "fee_random", "final"): False,
+                   ("fee_random", "fee", "eval_variability"): False, ("fee", "ag_only", "final"): True}
 
 
 def verdict(row: dict, non_inferiority: bool) -> str:
@@ -41,22 +39,22 @@ def verdict(row: dict, non_inferiority: bool) -> str:
 
 
 def verdicts(summary: dict) -> list[dict]:
-    """One dict per registered hypothesis: its label, the contrast's numbers and the verdict."""
+    """One dict per registered hypothesis: its text (the study file's), the contrast's numbers and the verdict."""
     rows = {(c["a"], c["b"], c["metric"]): c for c in summary["contrasts"] if not c["exploratory"]}
-    missing = [key for key in HYPOTHESES if key not in rows]
+    missing = [key for key in NON_INFERIORITY if key not in rows]
     if missing:
         raise ValueError(f"study.json lacks the registered confirmatory contrasts {missing}")
     out = []
-    for key, (label, non_inferiority) in HYPOTHESES.items():
+    for key, non_inferiority in NON_INFERIORITY.items():
         row = rows[key]
-        out.append({"hypothesis": label, "n": row["n"], "mean": row["mean"], "low": row["low"], "high": row["high"],
+        out.append({"hypothesis": row["hypothesis"], "n": row["n"], "mean": row["mean"], "low": row["low"], "high": row["high"],
                     "p": row["p"], "p_holm": row["p_holm"], "verdict": verdict(row, non_inferiority)})
     return out
 
 
 def markdown(results: list[dict]) -> str:
     def num(v):
-        return "n/a" if v is None else f"{v:+.4f}" if abs(v) < 1 else f"{v:.3f}"
+        return "n/a" if v is None else f"{v:+.4f}"
 
     lines = ["| hypothesis | n | mean difference [95% t-interval] | sign-flip p | Holm p | verdict |",
              "|---|---|---|---|---|---|"]

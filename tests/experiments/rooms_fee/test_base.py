@@ -3,7 +3,6 @@ alone, actions from the listed ones, and the hinted action followed where a hint
 base fitted through the package's trainer taking the steps of a plain SFT loop; and
 experiments/rooms_fee/measure.py's one-line errors."""
 
-import importlib.util
 import json
 import os
 import random
@@ -16,20 +15,14 @@ import pytest
 from jaxscaffold.envs import rooms
 from jaxscaffold.models.chat import Qwen3ChatRenderer
 from jaxscaffold.train.vocabularies import word_tokenizer
+from tests.experiments.rooms_fee import script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
-def _module(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "experiments", "rooms_fee", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _rows(seed, **probs):
     tok = word_tokenizer("rooms")
-    rows = _module("base").base_rows(rooms.RoomsEnv(), rooms.catalogue("train")[seed], Qwen3ChatRenderer(tok),
+    rows = script("base").base_rows(rooms.RoomsEnv(), rooms.catalogue("train")[seed], Qwen3ChatRenderer(tok),
                                            random.Random(seed), 14, **probs)
     return tok, rows
 
@@ -66,9 +59,9 @@ def test_always_followed_hints_walk_the_shortest_plan():
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path):
-    for script, args in (("base.py", [str(tmp_path / "b"), "--hint", "0.8", "--oe", "0.5"]),
-                         ("measure.py", [str(tmp_path), "--episodes", "3"])):
-        run = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "rooms_fee", script), *args], capture_output=True,
+    for name, args in (("base.py", [str(tmp_path / "b"), "--hint", "0.8", "--oe", "0.5"]),
+                       ("measure.py", [str(tmp_path), "--episodes", "3"])):
+        run = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "rooms_fee", name), *args], capture_output=True,
                              text=True, timeout=300)
         assert run.returncode == 2 and run.stderr.strip().count("\n") == 0 and "error" in run.stderr
 
@@ -77,7 +70,7 @@ def test_a_base_of_a_given_size_saves_its_steps_and_continues_from_one(tmp_path)
     """--hidden / --layers size the model, --save-every writes intermediate bases, and --init
     continues from one (here with the cosine schedule): each output loads as an HF directory."""
     from jaxscaffold.models import hf_io
-    main = _module("base").main
+    main = script("base").main
     first = tmp_path / "first"
     assert main([str(first), "--steps", "2", "--batch", "4", "--hidden", "32", "--layers", "1", "--save-every", "1"]) == 0
     config, params = hf_io.load_pretrained(str(first / "step_1"))
@@ -103,7 +96,7 @@ def test_the_base_through_the_trainer_takes_the_steps_of_a_plain_sft_loop(tmp_pa
     from jaxscaffold.rl.train_step import OptimizerConfig, init_train_state, make_sft_step
     from jaxscaffold.train.batching import build_batch
 
-    base = _module("base")
+    base = script("base")
     steps, batch, turns, seed, lr = 8, 4, 14, 3, 3e-3
     out = tmp_path / "base"
     assert base.main([str(out), "--steps", str(steps), "--batch", str(batch), "--seed", str(seed)]) == 0
@@ -153,7 +146,7 @@ def test_an_interrupted_build_continues_to_the_uninterrupted_base(tmp_path, monk
     import jax
     import pytest
     from jaxscaffold.models import hf_io
-    base = _module("base")
+    base = script("base")
     args = ["--steps", "4", "--batch", "4", "--hidden", "32", "--layers", "1", "--checkpoint-every", "2"]
     assert base.main([str(tmp_path / "whole"), *args]) == 0
     _, whole = hf_io.load_pretrained(str(tmp_path / "whole"))

@@ -2,11 +2,11 @@
 experiments/rooms_fee/confirm_results/runs gives docs/studies/fee_rooms_confirm.json to the
 digit, and the report's verdict table is what verdict.py makes of it."""
 
-import importlib.util
 import json
 import os
 
 from jaxscaffold.studies import report, runner
+from tests.experiments.rooms_fee import script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 RESULTS = os.path.join(ROOT, "experiments", "rooms_fee", "confirm_results")
@@ -21,9 +21,7 @@ def test_the_committed_report_is_the_records_report(monkeypatch):
         committed = json.load(f)
     assert json.loads(json.dumps(report.json_safe(summary))) == committed
 
-    spec = importlib.util.spec_from_file_location("verdict", os.path.join(ROOT, "experiments", "rooms_fee", "verdict.py"))
-    verdict = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(verdict)
+    verdict = script("verdict")
     with open(os.path.join(ROOT, "docs", "studies", "fee_rooms_confirm.md")) as f:
         doc = f.read()
     assert verdict.markdown(verdict.verdicts(committed)) in doc

@@ -2,24 +2,18 @@
 study's report, on synthetic runs whose verdicts are worked out by hand (exact sign-flip p over
 the 2^12 sign patterns, Holm over four, the t-interval against the one-layout margin)."""
 
-import importlib.util
 import json
 import os
 
 import pytest
 
 from jaxscaffold.studies import report, runner, stats
+from tests.experiments.rooms_fee import script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 L = 1 / 64  # one test layout
 STEPS = list(range(2, 21, 2))
-
-
-def _verdict_module():
-    spec = importlib.util.spec_from_file_location("verdict", os.path.join(ROOT, "experiments", "rooms_fee", "verdict.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+v = script("verdict")
 
 
 def _run(final, zigzag=0.0):
@@ -39,7 +33,6 @@ def _summary(tmp_path, monkeypatch, finals, zigzag=None):
 
 
 def test_each_rule_gives_the_verdict_worked_out_by_hand(tmp_path, monkeypatch):
-    v = _verdict_module()
     # fee: 2 layouts above standard on every seed (p = 2 / 2^12), fee_random within +-1 layout of
     # fee, half each way (mean 0, p = 1) but zig-zagging (more variable on every seed), ag_only 2
     # layouts above fee on every seed.
@@ -59,19 +52,17 @@ def test_each_rule_gives_the_verdict_worked_out_by_hand(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("spread, expected", [(1, "supported"), (3, "not shown")])
 def test_non_inferiority_needs_the_interval_above_minus_one_layout(tmp_path, monkeypatch, spread, expected):
-    v = _verdict_module()
     # fee - ag_only = +-spread layouts, half each way: mean 0, sd = spread * L * sqrt(12 / 11);
     # the t-interval's lower end is -t(0.975, 11) * sd / sqrt(12): -0.0104 (spread 1), -0.0311 (3).
     finals = {"standard": lambda i: 0.1, "fee": lambda i: 0.1, "fee_random": lambda i: 0.1,
               "ag_only": lambda i: 0.1 + (spread * L if i % 2 else -spread * L)}
-    h4 = _verdict_module().verdicts(_summary(tmp_path, monkeypatch, finals))[3]
+    h4 = v.verdicts(_summary(tmp_path, monkeypatch, finals))[3]
     low = -2.2010 * spread * L * (12 / 11) ** 0.5 / 12 ** 0.5
     assert h4["low"] == pytest.approx(low, abs=1e-4)
     assert h4["verdict"] == expected and v.verdict({"mean": None, "p_holm": None, "low": None}, True) == "not shown"
 
 
 def test_the_command_line_refuses_an_incomplete_design(tmp_path, monkeypatch, capsys):
-    v = _verdict_module()
     finals = {arm: (lambda i: 0.1) for arm in ("standard", "fee", "fee_random", "ag_only")}
     summary = _summary(tmp_path, monkeypatch, finals)
     path = tmp_path / "study.json"
@@ -93,6 +84,6 @@ def test_a_raw_p_below_five_percent_is_not_enough(tmp_path, monkeypatch):
     # 4 * 0.0386 = 0.154 and H1 is not shown.
     finals = {"standard": lambda i: 0.1, "fee": lambda i: 0.1 + (-L if i < 2 else L),
               "fee_random": lambda i: 0.1 + (-L if i < 2 else L), "ag_only": lambda i: 0.1 + (-L if i < 2 else L)}
-    h1 = _verdict_module().verdicts(_summary(tmp_path, monkeypatch, finals))[0]
+    h1 = v.verdicts(_summary(tmp_path, monkeypatch, finals))[0]
     assert h1["p"] == pytest.approx(2 * 79 / 4096) and h1["p_holm"] == pytest.approx(4 * 2 * 79 / 4096)
     assert h1["mean"] > 0 and h1["verdict"] == "not shown"
